@@ -1,0 +1,9 @@
+"""keras-gpushare: make one GPU do the work of many in Keras 3."""
+
+import logging
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__version__ = "0.1.0"
+
+__all__ = []

@@ -1,0 +1,3 @@
+"""Keras callbacks of keras-gpushare, importable as `keras_gpushare.callbacks`."""
+
+__all__ = []

@@ -1,0 +1,76 @@
+"""The `keras-gpushare` command line: one sub-command per part of the plugin."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="time N small models: sequential fits vs process pool vs ModelPack",
+        description=(
+            "Runs the seeds' workload (a 10-64-32-1 MLP, batch 32) for N members as "
+            "sequential fits, as a process pool (the seeds' method 1) and as a ModelPack, "
+            "and prints time, throughput and memory with ratios against sequential."
+        ),
+    )
+    p.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    p.add_argument("--members", default=None, help="comma-separated member counts, e.g. 1,4,16")
+    p.add_argument("--samples", type=int, default=None, help="training samples per run")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per run")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated subset of: sequential,pool,pack-graph,pack-fused,torch-vmap",
+    )
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from keras_gpushare._bench.pack import BenchConfig, run_pack_benchmark
+
+    config = BenchConfig.quick() if args.quick else BenchConfig.full()
+    config = config.with_overrides(
+        members=args.members, samples=args.samples, epochs=args.epochs, methods=args.methods
+    )
+    report = run_pack_benchmark(config)
+    print(report)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the argument parser of the `keras-gpushare` command."""
+    parser = argparse.ArgumentParser(
+        prog="keras-gpushare",
+        description="Make one GPU do the work of many in Keras 3.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_bench(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line and returns its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"keras-gpushare {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

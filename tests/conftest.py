@@ -1,0 +1,21 @@
+"""Shared test setup.
+
+Keras runs on TensorFlow unless the test run sets `KERAS_BACKEND`. On TensorFlow the one
+physical CPU is split into four logical CPUs before anything else touches TensorFlow, so
+placement tests can put stages on `/CPU:0` ... `/CPU:3` in the same session as the rest.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+LOGICAL_CPUS = 4
+
+if os.environ["KERAS_BACKEND"] == "tensorflow":
+    import tensorflow as tf
+
+    _cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)]
+    )
