@@ -1,3 +1,5 @@
 """Keras callbacks of keras-gpushare, importable as `keras_gpushare.callbacks`."""
 
-__all__ = []
+from keras_gpushare.pack.early_stopping import MemberEarlyStopping
+
+__all__ = ["MemberEarlyStopping"]

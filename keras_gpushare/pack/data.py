@@ -1,0 +1,100 @@
+"""How a pack's batch reaches its members: `replicate` (all see it) or `shard` (a slice each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import tree
+
+DATA_MODES = ("replicate", "shard")
+
+
+def check_data_mode(data: Any) -> str:
+    """Returns `data` if it is a known mode, or raises naming the accepted ones."""
+    if data not in DATA_MODES:
+        raise ValueError(
+            f'Invalid value for argument `data`: got {data!r}. Expected "replicate" (every '
+            'member sees each batch) or "shard" (member i trains on rows i, i+N, ... of each '
+            "batch)."
+        )
+    return data
+
+
+def labels_per_member(y: Any, n: int) -> bool:
+    """True when `y` holds one label structure per member (a list or tuple of `n`)."""
+    return n > 1 and isinstance(y, (list, tuple)) and len(y) == n
+
+
+def member_labels(y: Any, i: int, per_member: bool) -> Any:
+    """Member `i`'s labels (or sample weights) out of the pack's."""
+    if y is None:
+        return None
+    return y[i] if per_member else y
+
+
+def member_inputs(x: Any, member: keras.Model) -> Any:
+    """Member `i`'s inputs: a dict is narrowed to the inputs the member names."""
+    if isinstance(x, dict):
+        names = input_names(member)
+        if names and all(name in x for name in names):
+            if len(names) == 1 and not _takes_dict(member):
+                return x[names[0]]
+            return {name: x[name] for name in names}
+    return x
+
+
+def input_names(member: keras.Model) -> list[str]:
+    """Names of a Functional/Sequential member's inputs ([] for subclassed models)."""
+    try:
+        inputs = member.inputs
+    except (AttributeError, ValueError):
+        return []
+    if not inputs:
+        return []
+    return [getattr(t, "name", None) for t in inputs if getattr(t, "name", None)]
+
+
+def _takes_dict(member: keras.Model) -> bool:
+    return isinstance(getattr(member, "_inputs_struct", None), dict)
+
+
+def shard(value: Any, i: int, n: int) -> Any:
+    """Rows `i, i+n, i+2n, ...` of every array in `value` (the seeds' `x[i::n]`)."""
+    if value is None:
+        return None
+    return tree.map_structure(lambda t: t[i::n], value)
+
+
+def output_count(member: keras.Model) -> int | None:
+    """Number of outputs of a Functional member, or None when it cannot be known."""
+    try:
+        outputs = member.outputs
+    except (AttributeError, ValueError):
+        return None
+    return len(outputs) if outputs else None
+
+
+def check_label_structure(y: Any, i: int, member: keras.Model) -> None:
+    """Raises when member `i`'s labels cannot match its outputs."""
+    count = output_count(member)
+    if y is None or count is None:
+        return
+    if isinstance(y, dict):
+        names = getattr(member, "output_names", None) or []
+        missing = [k for k in names if k not in y]
+        if count > 1 and missing:
+            raise ValueError(
+                f"Invalid labels for member {i} ({member.name}): its outputs are named "
+                f"{names} but the label dict has keys {sorted(y)}. Pass a dict with a key per "
+                "output, or a list of labels in output order."
+            )
+        return
+    given = len(y) if isinstance(y, (list, tuple)) else 1
+    if given != count:
+        raise ValueError(
+            f"Invalid labels for member {i} ({member.name}): it has {count} output(s) but got "
+            f"{given} label array(s). Pass {count} label array(s) for this member; for a pack "
+            "of members with different labels pass `y=[y_member0, y_member1, ...]` (one entry "
+            "per member)."
+        )

@@ -1,0 +1,147 @@
+"""Member bookkeeping for `ModelPack`: validation, per-member arguments, status codes."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
+ACTIVE = 0
+FROZEN_NAN = 1
+STOPPED_EARLY = 2
+FAILED = 3
+STATUS_NAMES = {
+    ACTIVE: "active",
+    FROZEN_NAN: "frozen:nan",
+    STOPPED_EARLY: "stopped:early",
+    FAILED: "failed",
+}
+
+
+def check_members(members: Any) -> list[keras.Model]:
+    """Returns `members` as a list, or raises naming the member that is not a Keras model."""
+    if isinstance(members, keras.Model) or not isinstance(members, Sequence):
+        raise TypeError(
+            "Invalid value for argument `members`: expected a list of `keras.Model` "
+            f"instances, got {type(members).__name__}. Pass `[model_a, model_b, ...]` or use "
+            "`ModelPack.from_builder(build_fn, n=...)`."
+        )
+    members = list(members)
+    if not members:
+        raise ValueError(
+            "Invalid value for argument `members`: the list is empty. A ModelPack needs at "
+            "least one member model."
+        )
+    for i, member in enumerate(members):
+        if not isinstance(member, keras.Model):
+            raise TypeError(
+                f"Invalid member {i}: expected a `keras.Model`, got {type(member).__name__} "
+                f"({member!r:.80}). Wrap layers in `keras.Sequential([...])` or a Functional "
+                "model first."
+            )
+        if isinstance(member, _pack_class()):
+            raise TypeError(f"Invalid member {i}: a ModelPack cannot be a member of a ModelPack.")
+    seen: dict[int, int] = {}
+    for i, member in enumerate(members):
+        if id(member) in seen:
+            raise ValueError(
+                f"Invalid value for argument `members`: member {i} is the same model object "
+                f"as member {seen[id(member)]}. Each member must be its own model; build a "
+                "new one (or use `keras.models.clone_model`)."
+            )
+        seen[id(member)] = i
+    return members
+
+
+def _pack_class() -> type:
+    from keras_gpushare.pack.model import ModelPack
+
+    return ModelPack
+
+
+def member_optimizers(optimizer: Any, n: int) -> list[keras.optimizers.Optimizer]:
+    """Returns one optimizer instance per member, never sharing state between members.
+
+    One optimizer (a name or an instance) is copied for each member, so member `i`'s copy is
+    named `m{i}_<name>`; a list gives member `i` the `i`-th optimizer as it is.
+    """
+    if not isinstance(optimizer, (list, tuple)):
+        base = _get_optimizer(optimizer, "all members")
+        return [clone_optimizer(base, name=f"m{i}_{base.name}") for i in range(n)]
+    if len(optimizer) != n:
+        raise ValueError(
+            f"Invalid value for argument `optimizer`: got {len(optimizer)} optimizers for {n} "
+            f"members. Pass one optimizer for all members or a list of {n}."
+        )
+    seen: dict[int, int] = {}
+    for i, value in enumerate(optimizer):
+        if id(value) in seen and isinstance(value, keras.optimizers.Optimizer):
+            raise ValueError(
+                f"Invalid value for argument `optimizer`: member {i} and member "
+                f"{seen[id(value)]} got the same optimizer instance. Optimizer state (slots, "
+                "step count) is per member: pass a new instance for each member, or one "
+                "optimizer for all members and the pack copies it per member."
+            )
+        seen[id(value)] = i
+    return [_get_optimizer(value, f"member {i}") for i, value in enumerate(optimizer)]
+
+
+def _get_optimizer(value: Any, who: str) -> keras.optimizers.Optimizer:
+    if value is None:
+        raise ValueError(
+            f"Invalid optimizer for {who}: got None. Pass an optimizer name such as "
+            '"adam" or a `keras.optimizers.Optimizer` instance.'
+        )
+    try:
+        return keras.optimizers.get(value)
+    except ValueError as e:
+        raise ValueError(f"Invalid optimizer for {who}: {e}") from None
+
+
+def clone_optimizer(
+    optimizer: keras.optimizers.Optimizer, name: str | None = None
+) -> keras.optimizers.Optimizer:
+    """Returns a fresh optimizer with `optimizer`'s configuration and no state."""
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return optimizer.__class__.from_config(config)
+
+
+def member_metrics(metrics: Any, n: int) -> list:
+    """Returns per-member metric specs; stateful metric objects are copied per member.
+
+    A list whose items are themselves lists, dicts or None, with one item per member, is read
+    per member (`[["mae"], ["mse", "mae"]]`); anything else is one spec for all members.
+    """
+    nested = isinstance(metrics, (list, tuple)) and any(
+        isinstance(v, (list, tuple, dict)) or v is None for v in metrics
+    )
+    if nested:
+        if len(metrics) != n:
+            raise ValueError(
+                f"Invalid value for argument `metrics`: got {len(metrics)} per-member metric "
+                f"lists for {n} members. Pass one list of metrics for all members (e.g. "
+                f'["mae"]) or a list of {n} lists.'
+            )
+        return [_copy_metric_spec(v) for v in metrics]
+    return [_copy_metric_spec(metrics) for _ in range(n)]
+
+
+def _copy_metric_spec(spec: Any) -> Any:
+    if isinstance(spec, keras.metrics.Metric):
+        return keras.metrics.deserialize(keras.metrics.serialize(spec))
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_copy_metric_spec(s) for s in spec)
+    if isinstance(spec, dict):
+        return {k: _copy_metric_spec(v) for k, v in spec.items()}
+    return copy.copy(spec) if callable(spec) and not isinstance(spec, type) else spec
+
+
+def member_losses(loss: Any, n: int) -> list:
+    """Returns per-member loss specs: a list of `n` is per member, anything else is shared."""
+    if isinstance(loss, (list, tuple)) and len(loss) == n and n > 1:
+        return list(loss)
+    return [loss] * n

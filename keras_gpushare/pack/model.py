@@ -1,0 +1,431 @@
+"""`ModelPack`: N Keras models trained concurrently inside one `model.fit`."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+from keras import tree
+
+from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack.members import STATUS_NAMES, STOPPED_EARLY
+from keras_gpushare.pack.optimizers import MemberOptimizers
+from keras_gpushare.pack.watcher import StatusWatcher
+
+logger = logging.getLogger(__name__)
+
+_FUSE_VALUES = ("auto", True, False)
+_ON_NAN_VALUES = ("freeze", "ignore")
+_DEFAULT_STEPS_PER_EXECUTION = 16
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class ModelPack(keras.Model):
+    """Trains N Keras models concurrently inside one `model.fit`.
+
+    A `ModelPack` is a `keras.Model` whose training step trains every member: each member
+    keeps its own optimizer (state, learning rate, schedule), loss and metrics, and appears in
+    the logs as `m{i}_loss`, `m{i}_<metric>` and `val_m{i}_...`; `loss` is the mean over the
+    members still training. Callbacks (`EarlyStopping(monitor="val_m2_loss")`, `CSVLogger`,
+    `TensorBoard`, `ModelCheckpoint`, `BackupAndRestore`) work unchanged.
+
+    The `graph` engine puts every member's forward, backward and update into one traced step,
+    so members may differ in architecture, inputs, outputs and losses. A member whose loss or
+    gradients stop being finite is frozen at its last finite weights while the others go on
+    (`on_nan="freeze"`); `pack.status` says which members are still training.
+
+    Args:
+        members: list of `keras.Model` instances (Sequential, Functional or subclassed;
+            built or not). Each must be its own object.
+        data: `"replicate"` (every member sees each batch: ensembles, tuning) or `"shard"`
+            (member `i` trains on rows `i, i+N, ...` of each training batch, the seeds'
+            `x[i::n]`; evaluation and prediction always use the whole batch). Defaults to
+            `"replicate"`.
+        fuse: `"auto"`, `True` or `False`: whether to fuse same-architecture members into
+            stacked-weight kernels. Defaults to `"auto"`.
+        on_nan: `"freeze"` (stop updating a member whose loss or gradients are not finite)
+            or `"ignore"` (apply its update anyway, as a plain `fit` would). Defaults to
+            `"freeze"`.
+        name: name of the pack model. Defaults to `None`.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import keras
+    import keras_gpushare as kg
+
+    def build(width):
+        return keras.Sequential(
+            [keras.Input((10,)), keras.layers.Dense(width, activation="relu"),
+             keras.layers.Dense(1, activation="sigmoid")]
+        )
+
+    pack = kg.ModelPack([build(w) for w in (8, 16, 32)])
+    pack.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    x = np.random.rand(256, 10).astype("float32")
+    y = (x.sum(axis=1, keepdims=True) > 5).astype("float32")
+    history = pack.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    print(sorted(history.history))   # loss, m0_accuracy, m0_loss, m1_accuracy, ...
+    best = pack.member(2)            # a standalone keras.Model, saveable with .save()
+    ```
+    """
+
+    def __init__(
+        self,
+        members: Sequence[keras.Model],
+        data: str = "replicate",
+        fuse: str | bool = "auto",
+        on_nan: str = "freeze",
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        members = members_lib.check_members(members)
+        data = data_lib.check_data_mode(data)
+        if fuse not in _FUSE_VALUES:
+            raise ValueError(
+                f'Invalid value for argument `fuse`: got {fuse!r}. Expected "auto", True or False.'
+            )
+        if on_nan not in _ON_NAN_VALUES:
+            raise ValueError(
+                f'Invalid value for argument `on_nan`: got {on_nan!r}. Expected "freeze" or '
+                '"ignore".'
+            )
+        super().__init__(name=name, **kwargs)
+        self._members = members
+        self._data_mode = data
+        self._fuse = fuse
+        self._on_nan = on_nan
+        self._status = self.add_weight(
+            name="member_status",
+            shape=(len(members),),
+            dtype="int32",
+            initializer="zeros",
+            trainable=False,
+        )
+        self._member_compile_args: dict[str, Any] | None = None
+        if all(m.built for m in members):
+            self.built = True
+
+    @classmethod
+    def from_builder(cls, build_fn: Callable[..., keras.Model], n: int, **kwargs: Any) -> ModelPack:
+        """Builds a pack of `n` members from `build_fn(i)` (or `build_fn()`).
+
+        Args:
+            build_fn: a function returning a new `keras.Model`; it receives the member index
+                when it takes an argument.
+            n: number of members.
+            **kwargs: passed to `ModelPack` (`data`, `fuse`, `on_nan`, `name`).
+
+        Returns:
+            A `ModelPack`.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(
+                f"Invalid value for argument `n`: got {n!r}. Expected a positive integer."
+            )
+        if not callable(build_fn):
+            raise TypeError(
+                f"Invalid value for argument `build_fn`: got {type(build_fn).__name__}, "
+                "expected a function returning a keras.Model."
+            )
+        takes_index = bool(inspect.signature(build_fn).parameters)
+        members = [build_fn(i) if takes_index else build_fn() for i in range(n)]
+        return cls(members, **kwargs)
+
+    # Structure ---------------------------------------------------------------------------
+
+    @property
+    def members(self) -> list[keras.Model]:
+        """The member models; they share their variables with the pack."""
+        return list(self._members)
+
+    @property
+    def engine(self) -> str:
+        """The engine that trains this pack: `"graph"`."""
+        return "graph"
+
+    @property
+    def status(self) -> list[str]:
+        """Each member's state: `"active"`, `"frozen:nan"`, `"stopped:early"`, `"failed"`."""
+        codes = keras.ops.convert_to_numpy(self._status.value)
+        return [STATUS_NAMES[int(c)] for c in codes]
+
+    def stop_member(self, index: int) -> None:
+        """Stops training member `index` (its weights stay as they are now)."""
+        self._set_member_status(index, STOPPED_EARLY)
+
+    def _set_member_status(self, index: int, code: int) -> None:
+        if not 0 <= index < len(self._members):
+            raise ValueError(
+                f"Invalid member index {index}: this pack has {len(self._members)} members "
+                f"(0 to {len(self._members) - 1})."
+            )
+        codes = keras.ops.convert_to_numpy(self._status.value).copy()
+        codes[index] = code
+        self._status.assign(codes)
+
+    def member(self, index: int) -> keras.Model:
+        """Returns a standalone copy of member `index`: weights, compile settings, optimizer state.
+
+        The copy shares nothing with the pack and can be saved with `.save("m.keras")`.
+        """
+        if not 0 <= index < len(self._members):
+            raise ValueError(
+                f"Invalid member index {index}: this pack has {len(self._members)} members."
+            )
+        source = self._members[index]
+        copy = keras.models.clone_model(source)
+        copy.set_weights(source.get_weights())
+        if source.compiled:
+            config = keras.saving.deserialize_keras_object(source.get_compile_config())
+            copy.compile(**config)
+            copy.optimizer.build(copy.trainable_variables)
+            if source.optimizer.built:
+                for dst, src in zip(copy.optimizer.variables, source.optimizer.variables):
+                    dst.assign(src)
+        return copy
+
+    def build(self, input_shape: Any = None) -> None:
+        self.built = True
+
+    def call(self, inputs: Any, training: bool | None = None) -> list:
+        return [
+            member(data_lib.member_inputs(inputs, member), training=training)
+            for member in self._members
+        ]
+
+    # Compile -----------------------------------------------------------------------------
+
+    def compile(
+        self,
+        optimizer: Any = "rmsprop",
+        loss: Any = None,
+        loss_weights: Any = None,
+        metrics: Any = None,
+        weighted_metrics: Any = None,
+        run_eagerly: bool = False,
+        steps_per_execution: int | str = "auto",
+        jit_compile: bool | str = "auto",
+        auto_scale_loss: bool = True,
+    ) -> None:
+        """Configures every member for training.
+
+        `optimizer`, `loss`, `metrics` and `weighted_metrics` take one value for all members
+        or a list with one value per member. One optimizer is copied per member (each keeps
+        its own state); a list must hold a distinct optimizer for each member.
+
+        Args:
+            optimizer: optimizer name or instance, or a list of one per member. Defaults to
+                `"rmsprop"`.
+            loss: loss for all members, or a list of one per member. Required.
+            loss_weights: as in `keras.Model.compile`, for every member. Defaults to `None`.
+            metrics: metrics for all members (`["mae"]`) or one list per member
+                (`[["mae"], ["mse"]]`). Defaults to `None`.
+            weighted_metrics: as `metrics`, weighted by sample weights. Defaults to `None`.
+            run_eagerly: run steps eagerly (debugging). Defaults to `False`.
+            steps_per_execution: batches per compiled call; `"auto"` picks 16, which hides
+                Python overhead for small models. Defaults to `"auto"`.
+            jit_compile: XLA compilation; `"auto"` turns it on when every member's layers
+                support XLA (also on CPU, where plain Keras leaves it off). Defaults to
+                `"auto"`.
+            auto_scale_loss: as in `keras.Model.compile`. Defaults to `True`.
+        """
+        n = len(self._members)
+        if loss is None:
+            raise ValueError(
+                "Invalid value for argument `loss`: got None. A ModelPack trains its members "
+                'with compiled losses: pass one loss for all members (e.g. `loss="mse"`) or a '
+                f"list of {n}."
+            )
+        optimizers = members_lib.member_optimizers(optimizer, n)
+        losses = members_lib.member_losses(loss, n)
+        for i, member_loss in enumerate(losses):
+            if member_loss is None:
+                raise ValueError(f"Invalid loss for member {i}: got None. Pass a loss.")
+        metric_specs = members_lib.member_metrics(metrics, n)
+        weighted_specs = members_lib.member_metrics(weighted_metrics, n)
+        for i, member in enumerate(self._members):
+            member.compile(
+                optimizer=optimizers[i],
+                loss=losses[i],
+                loss_weights=loss_weights,
+                metrics=metric_specs[i],
+                weighted_metrics=weighted_specs[i],
+                run_eagerly=run_eagerly,
+                jit_compile=False,
+                auto_scale_loss=auto_scale_loss,
+            )
+        if steps_per_execution == "auto":
+            steps_per_execution = _DEFAULT_STEPS_PER_EXECUTION
+        if jit_compile == "auto":
+            jit_compile = not run_eagerly and self._members_support_jit()
+        super().compile(
+            optimizer=MemberOptimizers(optimizers),
+            loss=None,
+            run_eagerly=run_eagerly,
+            steps_per_execution=steps_per_execution,
+            jit_compile=jit_compile,
+            auto_scale_loss=auto_scale_loss,
+        )
+        self._member_compile_args = {
+            "optimizer": optimizers,
+            "loss": losses,
+            "loss_weights": loss_weights,
+            "metrics": metric_specs,
+            "weighted_metrics": weighted_specs,
+            "run_eagerly": run_eagerly,
+            "steps_per_execution": steps_per_execution,
+            "jit_compile": jit_compile,
+            "auto_scale_loss": auto_scale_loss,
+        }
+        if self.built and all(m.built for m in self._members):
+            self._build_member_state()
+
+    def _members_support_jit(self) -> bool:
+        from keras.src.trainers.trainer import model_supports_jit
+
+        return keras.backend.backend() != "torch" and all(
+            model_supports_jit(m) for m in self._members
+        )
+
+    def get_compile_config(self) -> dict:
+        if self._member_compile_args is None:
+            return {}
+        return keras.saving.serialize_keras_object(self._member_compile_args)
+
+    def compile_from_config(self, config: dict) -> None:
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+
+    def _build_member_state(self) -> None:
+        """Creates every member's optimizer variables (needed before loading saved state)."""
+        for member in self._members:
+            if not member.optimizer.built:
+                member.optimizer.build(member.trainable_variables)
+        if not self.optimizer.built:
+            self.optimizer.build([])
+
+    @property
+    def metrics(self) -> list:
+        result = []
+        for member in self._members:
+            result.extend(member.metrics)
+        return result
+
+    def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+        if data_batch is None and iterator is not None:
+            for _, _, data_or_iterator in iterator:
+                if isinstance(data_or_iterator, (list, tuple)):
+                    data_batch = data_or_iterator[0]
+                else:
+                    data_batch = next(data_or_iterator)
+                break
+        if data_batch is not None:
+            self._check_labels(data_batch)
+            from keras_gpushare.pack.graph import member_batches
+
+            for member, batch in zip(
+                self._members, member_batches(self, data_batch, training=False)
+            ):
+                member._symbolic_build(data_batch=batch)
+        self.built = True
+        super()._symbolic_build(iterator=None, data_batch=data_batch)
+
+    def _check_labels(self, data_batch: Any) -> None:
+        _, y, _ = keras.utils.unpack_x_y_sample_weight(data_batch)
+        n = len(self._members)
+        per_member = data_lib.labels_per_member(y, n)
+        for i, member in enumerate(self._members):
+            data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
+
+    # Steps -------------------------------------------------------------------------------
+
+    def train_step(self, data: Any) -> dict:
+        from keras_gpushare.pack import graph
+
+        return graph.train_step(self, data)
+
+    def test_step(self, data: Any) -> dict:
+        from keras_gpushare.pack import graph
+
+        return graph.test_step(self, data)
+
+    # Fit / predict -----------------------------------------------------------------------
+
+    def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Trains every member; same arguments and return value as `keras.Model.fit`."""
+        if not self.compiled:
+            raise RuntimeError(
+                "You must call `compile()` on the ModelPack before `fit()`: "
+                'pack.compile(optimizer="adam", loss="mse").'
+            )
+        if self._data_mode == "shard":
+            self._check_shardable(x)
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks.append(StatusWatcher())
+        return super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+
+    def _check_shardable(self, x: Any) -> None:
+        leaves = [] if x is None else tree.flatten(x)
+        sizes = {int(v.shape[0]) for v in leaves if hasattr(v, "shape") and len(v.shape)}
+        n = len(self._members)
+        if sizes and min(sizes) < n:
+            raise ValueError(
+                f'Invalid data for data="shard": {min(sizes)} samples for {n} members, so some '
+                f"members would get no data. Pass at least {n} samples, or use "
+                'data="replicate".'
+            )
+
+    def predict(self, x: Any, *args: Any, stack: bool = False, **kwargs: Any) -> Any:
+        """Predicts with every member: a list of N outputs, or one array with `stack=True`.
+
+        Args:
+            x: inputs, as for `keras.Model.predict`.
+            *args: passed to `keras.Model.predict`.
+            stack: return one array with a leading member axis instead of a list.
+                Defaults to `False`.
+            **kwargs: passed to `keras.Model.predict`.
+
+        Returns:
+            A list with member `i`'s predictions at index `i`, or a stacked array.
+        """
+        outputs = super().predict(x, *args, **kwargs)
+        if not stack:
+            return outputs
+        shapes = {tuple(np.shape(o)) for o in outputs}
+        if len(shapes) != 1 or isinstance(outputs[0], (list, dict)):
+            raise ValueError(
+                "Invalid value for argument `stack`: members' predictions have different "
+                f"shapes or structures ({sorted(shapes)}), so they cannot be stacked. Call "
+                "`predict` with `stack=False` to get one array per member."
+            )
+        return np.stack(outputs)
+
+    # Serialization -----------------------------------------------------------------------
+
+    def get_config(self) -> dict:
+        return {
+            "name": self.name,
+            "members": [keras.saving.serialize_keras_object(m) for m in self._members],
+            "data": self._data_mode,
+            "fuse": self._fuse,
+            "on_nan": self._on_nan,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelPack:
+        config = dict(config)
+        config["members"] = [keras.saving.deserialize_keras_object(m) for m in config["members"]]
+        return cls(**config)
+
+    def _get_member_weights(self, index: int) -> list[np.ndarray]:
+        return self._members[index].get_weights()
+
+    def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
+        self._members[index].set_weights(weights)
