@@ -1,0 +1,110 @@
+"""The sampler thread ends after fit, after a fit that raised, at exit; 100 fits leak none."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+from fake_nvml import h100s
+from monitor_helpers import join_monitor_threads, monitor_threads, tiny_data, tiny_model
+
+from keras_gpushare.callbacks import UtilizationLogger
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+class Boom(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            raise RuntimeError("boom")
+
+
+def test_thread_ends_at_train_end(fake_nvml):
+    fake_nvml(h100s(1))
+    before = monitor_threads()
+    x, y = tiny_data()
+    tiny_model().fit(x, y, epochs=1, callbacks=[UtilizationLogger(interval=0.02)], verbose=0)
+    assert monitor_threads() == before == []  # joined in on_train_end, no waiting needed
+
+
+def test_thread_ends_when_fit_raises_and_next_fit_starts_clean(fake_nvml):
+    fake = fake_nvml(h100s(1))
+    util_logger = UtilizationLogger(interval=0.02)
+    model = tiny_model()
+    x, y = tiny_data()
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(x, y, batch_size=8, epochs=2, callbacks=[util_logger, Boom()], verbose=0)
+    # on_train_end never ran: the thread sees `fit` leave the stack and ends by itself.
+    assert not join_monitor_threads()
+    assert fake.inits == fake.shutdowns == 1
+
+    history = model.fit(x, y, batch_size=8, epochs=2, callbacks=[util_logger], verbose=0)
+    assert len(history.history["gpu0_util"]) == 2
+    assert not monitor_threads()
+    assert fake.inits == fake.shutdowns == 2
+
+
+def test_leftover_sampler_is_stopped_at_next_train_begin(fake_nvml):
+    # A thread still running when training begins again (the fit that raised was moments
+    # ago) is stopped first, so there is never more than one.
+    fake = fake_nvml(h100s(1))
+    util_logger = UtilizationLogger(interval=5.0)
+    util_logger.set_model(tiny_model())
+    util_logger.on_train_begin()
+    first = monitor_threads()
+    assert len(first) == 1
+    util_logger.on_train_begin()
+    assert not first[0].is_alive()
+    assert len(monitor_threads()) == 1
+    util_logger.on_train_end()
+    assert not monitor_threads()
+    assert fake.inits == fake.shutdowns == 2
+
+
+def test_hundred_fits_leak_no_thread(fake_nvml):
+    fake = fake_nvml(h100s(1))
+    baseline = {t.ident for t in __import__("threading").enumerate()}
+    model = tiny_model()
+    x, y = tiny_data(8)
+    util_logger = UtilizationLogger(interval=0.05, advise=False)
+    for _ in range(100):
+        model.fit(x, y, batch_size=8, epochs=1, callbacks=[util_logger], verbose=0)
+    assert not monitor_threads()
+    leaked = [
+        t.name
+        for t in __import__("threading").enumerate()
+        if t.ident not in baseline and "keras-gpushare" in t.name
+    ]
+    assert not leaked
+    assert fake.inits == fake.shutdowns == 100
+
+
+def test_interpreter_exit_stops_a_running_sampler(tmp_path):
+    # A sampler nobody stopped: the atexit hook stops it and NVML is shut down.
+    script = textwrap.dedent(
+        f"""
+        import atexit, sys
+        sys.path[:0] = [{HERE!r}, {ROOT!r}]
+        from fake_nvml import FakeNvml, h100s
+        fake = FakeNvml(h100s(1))
+        sys.modules["pynvml"] = fake.module
+        # atexit runs last-registered first: this reports after the monitor's hook ran.
+        atexit.register(lambda: print("shutdowns", fake.shutdowns, flush=True))
+        from keras_gpushare.monitor.nvml import NvmlReader
+        from keras_gpushare.monitor.sampler import Sampler
+        sampler = Sampler(NvmlReader(), interval=0.01)
+        sampler.start()
+        sampler.take("epoch")
+        print("alive", sampler.alive, flush=True)
+        """
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "alive True" in result.stdout
+    assert "shutdowns 1" in result.stdout
