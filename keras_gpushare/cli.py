@@ -42,6 +42,55 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_plan(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="show how a saved model would be split over devices",
+        description=(
+            "Loads a .keras model, splits it over the given devices with the chosen balance "
+            "policy and prints the plan: stages, devices, layers, parameters and estimated "
+            "memory per stage. A model saved as a PlacedModel keeps its own placement "
+            "unless --devices is given."
+        ),
+    )
+    p.add_argument("model", help="path of a .keras file")
+    p.add_argument("--devices", default=None, help="comma-separated devices, e.g. /GPU:0,/GPU:1")
+    p.add_argument(
+        "--balance",
+        default="params",
+        help="params, flops, memory, time, or comma-separated stage sizes such as 3,5",
+    )
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per batch")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size for the memory estimate")
+    p.set_defaults(func=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    import keras
+
+    import keras_gpushare as kg
+
+    model = keras.models.load_model(args.model, compile=False)
+    if args.devices is None and not isinstance(model, kg.PlacedModel):
+        raise ValueError(
+            f"{args.model} holds a model that is not placed; pass --devices, e.g. "
+            "--devices /GPU:0,/GPU:1"
+        )
+    if args.devices is not None:
+        balance = args.balance
+        if balance.replace(",", "").isdigit():
+            balance = [int(s) for s in balance.split(",")]
+        model = kg.split_model(
+            model,
+            devices=args.devices.split(","),
+            balance=balance,
+            microbatches=args.microbatches,
+            batch_size=args.batch_size,
+        )
+    print(model.get_plan(batch_size=args.batch_size))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of the `keras-gpushare` command."""
     parser = argparse.ArgumentParser(
@@ -51,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_bench(subparsers)
+    _add_plan(subparsers)
     return parser
 
 
