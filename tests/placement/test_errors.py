@@ -76,7 +76,6 @@ def test_placed_model_without_stages():
 
 
 def test_nested_stages():
-    with kg.stage("/CPU:0"):
-        with pytest.raises(ValueError, match="Invalid nesting"):
-            with kg.stage("/CPU:1"):
-                pass
+    outer, inner = kg.stage("/CPU:0"), kg.stage("/CPU:1")
+    with outer, pytest.raises(ValueError, match="Invalid nesting"):
+        inner.__enter__()
