@@ -124,7 +124,7 @@ class MemberEarlyStopping(keras.callbacks.Callback):
                     self.best_weights[i] = pack._get_member_weights(i)
                 continue
             self.wait[i] += 1
-            if self.wait[i] > self.patience or (self.patience == 0 and self.wait[i] >= 1):
+            if self.wait[i] >= self.patience and epoch > 0:
                 self._stop(i, epoch)
         if not any(s == "active" for s in pack.status):
             pack.stop_training = True

@@ -140,8 +140,20 @@ def _copy_metric_spec(spec: Any) -> Any:
     return copy.copy(spec) if callable(spec) and not isinstance(spec, type) else spec
 
 
-def member_losses(loss: Any, n: int) -> list:
-    """Returns per-member loss specs: a list of `n` is per member, anything else is shared."""
-    if isinstance(loss, (list, tuple)) and len(loss) == n and n > 1:
+def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> list:
+    """Returns per-member loss specs.
+
+    A list of `n` is per member; a list whose length is every member's number of outputs is
+    one per-output list shared by all members; any other value is shared as it is.
+    """
+    if not isinstance(loss, (list, tuple)):
+        return [loss] * n
+    if len(loss) == n and n > 1:
         return list(loss)
-    return [loss] * n
+    if all(count == len(loss) for count in output_counts):
+        return [loss] * n
+    raise ValueError(
+        f"Invalid value for argument `loss`: got a list of {len(loss)} losses for {n} members "
+        f"with {list(output_counts)} outputs. Pass one loss for all members, a list of {n} "
+        "(one per member), or a list with one loss per output shared by all members."
+    )

@@ -244,7 +244,9 @@ class ModelPack(keras.Model):
                 f"list of {n}."
             )
         optimizers = members_lib.member_optimizers(optimizer, n)
-        losses = members_lib.member_losses(loss, n)
+        losses = members_lib.member_losses(
+            loss, n, [data_lib.output_count(m) for m in self._members]
+        )
         for i, member_loss in enumerate(losses):
             if member_loss is None:
                 raise ValueError(f"Invalid loss for member {i}: got None. Pass a loss.")
@@ -327,7 +329,6 @@ class ModelPack(keras.Model):
                     data_batch = next(data_or_iterator)
                 break
         if data_batch is not None:
-            self._check_labels(data_batch)
             from keras_gpushare.pack.graph import member_batches
 
             for member, batch in zip(
@@ -337,12 +338,20 @@ class ModelPack(keras.Model):
         self.built = True
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
-    def _check_labels(self, data_batch: Any) -> None:
-        _, y, _ = keras.utils.unpack_x_y_sample_weight(data_batch)
+    def _check_labels(self, x: Any, y: Any) -> None:
+        """Raises, naming the member, when the labels cannot match the members' outputs."""
+        if y is None and hasattr(x, "element_spec"):
+            spec = x.element_spec
+            y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
         n = len(self._members)
         per_member = data_lib.labels_per_member(y, n)
         for i, member in enumerate(self._members):
             data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
+
+    def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`."""
+        self._check_labels(x, y)
+        return super().evaluate(x, y, *args, **kwargs)
 
     # Steps -------------------------------------------------------------------------------
 
@@ -365,10 +374,11 @@ class ModelPack(keras.Model):
                 "You must call `compile()` on the ModelPack before `fit()`: "
                 'pack.compile(optimizer="adam", loss="mse").'
             )
+        self._check_labels(x, y)
         if self._data_mode == "shard":
             self._check_shardable(x)
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks.append(StatusWatcher())
+        callbacks.append(StatusWatcher(list(callbacks)))
         return super().fit(x, y, *args, callbacks=callbacks, **kwargs)
 
     def _check_shardable(self, x: Any) -> None:

@@ -4,13 +4,15 @@ import keras
 import numpy as np
 
 
-def mlp(width: int, inputs: int = 10, seed: int = 0, name: str | None = None) -> keras.Model:
+def mlp(
+    width: int, inputs: int = 10, seed: int = 0, name: str | None = None, out: str = "sigmoid"
+) -> keras.Model:
     keras.utils.set_random_seed(seed)
     return keras.Sequential(
         [
             keras.Input((inputs,)),
             keras.layers.Dense(width, activation="relu"),
-            keras.layers.Dense(1, activation="sigmoid"),
+            keras.layers.Dense(1, activation=out),
         ],
         name=name,
     )
