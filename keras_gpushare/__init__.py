@@ -5,6 +5,7 @@ import logging
 from keras_gpushare import callbacks
 from keras_gpushare.devices import share_gpu
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.pack.fusion import register_fused_layer
 from keras_gpushare.placement import PlacedModel, Plan, split_model, stage
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -16,6 +17,7 @@ __all__ = [
     "PlacedModel",
     "Plan",
     "callbacks",
+    "register_fused_layer",
     "share_gpu",
     "split_model",
     "stage",

@@ -1,0 +1,23 @@
+"""The fused engine: N same-architecture models as one model with stacked weights."""
+
+from keras_gpushare.pack.fusion import layers_conv, layers_core, layers_norm
+from keras_gpushare.pack.fusion.base import FusedLayer
+from keras_gpushare.pack.fusion.layers_core import FusedPerSample
+from keras_gpushare.pack.fusion.model import FusedModel, build_fused_model
+from keras_gpushare.pack.fusion.optimizer import VectorizedOptimizer
+from keras_gpushare.pack.fusion.registry import register_fused_layer
+from keras_gpushare.pack.fusion.report import FusionReport, fusion_report
+
+__all__ = [
+    "FusedLayer",
+    "FusedModel",
+    "FusedPerSample",
+    "FusionReport",
+    "build_fused_model",
+    "fusion_report",
+    "layers_conv",
+    "layers_core",
+    "layers_norm",
+    "register_fused_layer",
+    "VectorizedOptimizer",
+]

@@ -1,0 +1,149 @@
+"""The base class of fused layers: one layer holding N members' copies of a layer."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedLayer(keras.layers.Layer):
+    """Base class of a layer that computes N members' copies of one layer at once.
+
+    A fused layer holds the weights of N structurally identical layers stacked on a
+    leading member axis, so a member kernel of shape `(in, out)` becomes a fused kernel
+    of shape `(N, in, out)`. Its inputs and outputs carry the member axis too: a tensor
+    that is `(B, ...)` for one member is `(N, B, ...)` in the fused model ("stacked").
+    An input may also arrive "replicated", still `(B, ...)` and shared by all members,
+    which is how a fused model avoids copying a batch N times before its first layer.
+
+    The protocol a fused form of a custom layer follows (see `register_fused_layer`):
+
+    - `__init__(n_members, member_config, input_stacked=True, **kwargs)`: keep this
+      signature; `member_config` is `layer.get_config()` of member 0's layer, and
+      `input_stacked` says, for each flattened input, whether it is stacked. Extra
+      keyword arguments go to `keras.layers.Layer`.
+    - `build(input_shape)`: create the weights with `add_weight`, each of shape
+      `(n_members, *member_weight_shape)`, in the same order and with the same
+      trainability as the member layer's `weights`. The converter checks the shapes
+      and copies member i's weights into slice i.
+    - `call(inputs, training=None)`: start with `inputs = self.to_stacked(inputs)` (or
+      handle replicated inputs more cheaply) and return stacked outputs.
+    - `unsupported_reason(member_config)` (class method, optional): return a sentence
+      saying why a configuration cannot be fused, or `None` when it can.
+
+    Args:
+        n_members: Number of members N fused in this layer.
+        member_config: The config of the member layer (from `get_config()`); member 0's
+            name and initializers are kept but not used.
+        input_stacked: Whether each input is stacked `(N, B, ...)` (`True`) or replicated
+            `(B, ...)` (`False`); one bool for all inputs or a list with one bool per
+            flattened input. Defaults to `True`.
+        **kwargs: Base layer keyword arguments (`name`, `trainable`, `dtype`).
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion import FusedLayer
+
+    class FusedScale(FusedLayer):
+        def build(self, input_shape):
+            self.scale = self.add_weight(shape=(self.n_members, 1), initializer="ones")
+
+        def call(self, inputs, training=None):
+            x = self.to_stacked(inputs)
+            return x * keras.ops.reshape(self.scale, (self.n_members, 1, 1))
+
+    layer = FusedScale(n_members=3, member_config={})
+    print(layer(keras.ops.ones((2, 4))).shape)  # (3, 2, 4)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+        super().__init__(**kwargs)
+        self.n_members = int(n_members)
+        self.member_config = dict(member_config)
+        self.input_stacked = input_stacked
+
+    @classmethod
+    def unsupported_reason(cls, member_config):
+        """Say why `member_config` cannot be fused, or return `None` when it can."""
+        return None
+
+    def stacked_flags(self, inputs):
+        """Return one bool per flattened input: whether that input is stacked."""
+        count = len(keras.tree.flatten(inputs))
+        if isinstance(self.input_stacked, (list, tuple)):
+            return [bool(flag) for flag in self.input_stacked]
+        return [bool(self.input_stacked)] * count
+
+    @classmethod
+    def from_member(cls, layer, n_members, input_stacked):
+        """Create the fused form of member 0's `layer` for `n_members` members.
+
+        Override when the fused class needs more than `layer.get_config()`.
+        """
+        return cls(
+            n_members=n_members,
+            member_config=layer.get_config(),
+            input_stacked=input_stacked,
+            name=layer.name,
+            trainable=layer.trainable,
+            dtype=layer.dtype_policy,
+        )
+
+    def input_is_stacked(self, index=0):
+        """Whether the `index`-th flattened input is stacked."""
+        if isinstance(self.input_stacked, (list, tuple)):
+            return bool(self.input_stacked[index])
+        return bool(self.input_stacked)
+
+    @property
+    def output_stacked(self):
+        """Whether the outputs are stacked; fused layers with weights always stack."""
+        return True
+
+    def stack(self, x):
+        """Broadcast a replicated `(B, ...)` tensor to a stacked `(N, B, ...)` one."""
+        x = ops.expand_dims(x, 0)
+        return ops.repeat(x, self.n_members, axis=0)
+
+    def to_stacked(self, inputs):
+        """Return `inputs` with every replicated leaf broadcast to the member axis."""
+        flat = keras.tree.flatten(inputs)
+        flags = self.stacked_flags(inputs)
+        flat = [x if stacked else self.stack(x) for x, stacked in zip(flat, flags)]
+        return keras.tree.pack_sequence_as(inputs, flat)
+
+    def member_broadcast(self, value, rank):
+        """Reshape a `(N, *s)` weight to broadcast against a rank-`rank` stacked tensor.
+
+        The member axis stays first, the weight's own axes go last, and ones fill the
+        axes between (the batch axis and any others).
+        """
+        value = ops.convert_to_tensor(value)
+        tail = tuple(value.shape[1:])
+        ones = (1,) * (rank - 1 - len(tail))
+        return ops.reshape(value, (self.n_members, *ones, *tail))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "n_members": self.n_members,
+                "member_config": self.member_config,
+                "input_stacked": self.input_stacked,
+            }
+        )
+        return config
+
+
+def fold(x):
+    """Merge the member and batch axes: `(N, B, ...)` becomes `(N * B, ...)`."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (-1, *shape[2:]))
+
+
+def unfold(x, n_members):
+    """Split the leading axis back: `(N * B, ...)` becomes `(N, B, ...)`."""
+    shape = ops.shape(x)
+    return ops.reshape(x, (n_members, -1, *shape[1:]))

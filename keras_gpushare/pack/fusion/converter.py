@@ -1,0 +1,189 @@
+"""Walk members' Keras graphs, compare them layer by layer, build the fused graph."""
+
+import dataclasses
+
+import keras
+
+from keras_gpushare.pack.fusion import registry
+from keras_gpushare.pack.fusion.layers_core import FusedBroadcast
+
+_IGNORED_KEYS = ("name", "seed")
+
+
+@dataclasses.dataclass
+class MemberGraph:
+    """One member's graph in a fixed order: its nodes, and its layers by position."""
+
+    functional: keras.Model
+    nodes: list
+    layers: list
+    tensor_refs: dict
+
+
+def member_graph(model):
+    """Return `(MemberGraph, None)` for a Sequential/Functional model, else `(None, why)`."""
+    if isinstance(model, keras.Sequential):
+        functional = getattr(model, "_functional", None)
+        if functional is None:
+            return None, (
+                "Sequential model without a known input shape; start it with "
+                "`keras.Input(shape)` or build it on data first"
+            )
+    elif isinstance(model, keras.Model) and hasattr(model, "_nodes_by_depth"):
+        functional = model
+    elif isinstance(model, keras.Model):
+        return None, (
+            f"subclassed model `{type(model).__name__}` has no layer graph to fuse; "
+            "write it as a Sequential or Functional model"
+        )
+    else:
+        return None, f"expected a `keras.Model`, got {type(model).__name__}"
+    refs = {id(x): ("input", i) for i, x in enumerate(functional.inputs)}
+    nodes, layers, seen = [], [], set()
+    for depth in sorted(functional._nodes_by_depth, reverse=True):
+        for node in functional._nodes_by_depth[depth]:
+            if not node.operation or node.is_input:
+                continue
+            for j, out in enumerate(node.outputs):
+                refs[id(out)] = ("node", len(nodes), j)
+            nodes.append(node)
+            if id(node.operation) not in seen:
+                seen.add(id(node.operation))
+                layers.append(node.operation)
+    return MemberGraph(functional, nodes, layers, refs), None
+
+
+def comparable_config(config):
+    """A layer config without the keys that may differ across fusable members."""
+    return {
+        key: value
+        for key, value in config.items()
+        if key not in _IGNORED_KEYS and not key.endswith("_initializer")
+    }
+
+
+def node_signature(graph, node):
+    """Everything about a call that must match across members, apart from weights."""
+    refs = {key: value for key, value in graph.tensor_refs.items()}
+    args, kwargs = node.arguments.fill_in(refs)
+    return {
+        "arguments": (args, kwargs),
+        "input_shapes": [tuple(x.shape) for x in node.input_tensors],
+        "input_dtypes": [x.dtype for x in node.input_tensors],
+    }
+
+
+def layer_problem(layer, node, members_nodes, members_graphs):
+    """Why this node cannot be fused (a sentence), or `None`; and its fused class."""
+    classes = {type(n.operation) for n in members_nodes}
+    if len(classes) > 1:
+        names = ", ".join(sorted(c.__name__ for c in classes))
+        return f"different layer types across members: {names}", None
+    if isinstance(layer, keras.Model):
+        return "nested model; fusion needs its layers inline (flatten the model)", None
+    if not isinstance(layer, keras.layers.Layer):
+        return (
+            f"`{type(layer).__name__}` is a `keras.ops` call in the graph, not a layer; "
+            "use the matching layer (e.g. `keras.layers.Add`)",
+            None,
+        )
+    fused_class = registry.fused_form(type(layer))
+    if fused_class is None:
+        return (
+            f"layer type `{type(layer).__name__}` has no fused form; register one with "
+            "`keras_gpushare.register_fused_layer`",
+            None,
+        )
+    config = layer.get_config()
+    reason = fused_class.unsupported_reason(config)
+    if reason:
+        return reason, fused_class
+    base = comparable_config(config)
+    for i, other in enumerate(members_nodes[1:], start=1):
+        other_config = comparable_config(other.operation.get_config())
+        if other_config != base:
+            keys = sorted(
+                k for k in set(base) | set(other_config) if base.get(k) != other_config.get(k)
+            )
+            return f"config differs in member {i}: {', '.join(keys)}", fused_class
+    signature = node_signature(members_graphs[0], node)
+    for i, (graph, other) in enumerate(zip(members_graphs[1:], members_nodes[1:]), start=1):
+        other_signature = node_signature(graph, other)
+        for key in ("input_shapes", "input_dtypes", "arguments"):
+            if other_signature[key] != signature[key]:
+                what = {
+                    "input_shapes": f"input shapes differ in member {i}: "
+                    f"{signature['input_shapes']} vs {other_signature['input_shapes']}",
+                    "input_dtypes": f"input dtypes differ in member {i}",
+                    "arguments": f"connections or call arguments differ in member {i}",
+                }
+                return what[key], fused_class
+        shapes = [tuple(w.shape) for w in layer.weights]
+        if [tuple(w.shape) for w in other.operation.weights] != shapes:
+            return f"weight shapes differ in member {i}", fused_class
+    args, kwargs = node.arguments.args, node.arguments.kwargs
+    extra = {k for k, v in kwargs.items() if k != "training" and v is not None}
+    if len(args) != 1 or extra:
+        return "called with extra arguments; fused layers take one input (and `training`)", (
+            fused_class
+        )
+    return None, fused_class
+
+
+def build_graph(graph, n_members, input_mode):
+    """Rebuild member 0's graph from fused layers; return the Functional model and a map.
+
+    The map takes each fused layer's name to the position of the member layer it fuses
+    in `MemberGraph.layers`.
+    """
+    functional = graph.functional
+    stacked_inputs = input_mode == "stacked"
+    tensors, stacked = {}, {}
+    new_inputs = []
+    for x in functional.inputs:
+        member_shape = tuple(x.shape[1:])
+        name = x._keras_history.operation.name
+        if stacked_inputs:
+            new = keras.Input(
+                batch_shape=(n_members, None, *member_shape), dtype=x.dtype, name=name
+            )
+        else:
+            new = keras.Input(shape=member_shape, dtype=x.dtype, name=name)
+        new_inputs.append(new)
+        tensors[id(x)] = new
+        stacked[id(x)] = stacked_inputs
+    uses = {}
+    for node in graph.nodes:
+        uses[id(node.operation)] = uses.get(id(node.operation), 0) + 1
+    fused_layers, layer_index = {}, {}
+    for node in graph.nodes:
+        layer = node.operation
+        if uses[id(layer)] > 1:
+            for x in node.input_tensors:
+                if not stacked[id(x)]:
+                    broadcast = FusedBroadcast(n_members, {})
+                    tensors[id(x)] = broadcast(tensors[id(x)])
+                    stacked[id(x)] = True
+        args, kwargs = node.arguments.fill_in(tensors)
+        kwargs = {k: v for k, v in kwargs.items() if k == "training"}
+        flags = [stacked[id(x)] for x in keras.tree.flatten(node.arguments.args[0])]
+        fused = fused_layers.get(id(layer))
+        if fused is None:
+            fused_class = registry.fused_form(type(layer))
+            fused = fused_class.from_member(layer, n_members, flags if len(flags) > 1 else flags[0])
+            fused_layers[id(layer)] = fused
+            layer_index[fused.name] = graph.layers.index(layer)
+        outputs = fused(*args, **kwargs)
+        for out, new in zip(node.outputs, keras.tree.flatten(outputs)):
+            tensors[id(out)] = new
+            stacked[id(out)] = fused.output_stacked
+    outputs = []
+    for x in functional.outputs:
+        out = tensors[id(x)]
+        if not stacked[id(x)]:
+            out = FusedBroadcast(n_members, {})(out)
+        outputs.append(out)
+    inputs = keras.tree.pack_sequence_as(functional._inputs_struct, new_inputs)
+    outputs = keras.tree.pack_sequence_as(functional._outputs_struct, outputs)
+    model = keras.Model(inputs, outputs, name=f"fused_{functional.name}")
+    return model, layer_index

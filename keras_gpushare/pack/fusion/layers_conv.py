@@ -1,0 +1,258 @@
+"""Fused forms of Conv1D, Conv2D and DepthwiseConv2D."""
+
+import logging
+
+import keras
+from keras import ops
+
+from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
+from keras_gpushare.pack.fusion._checks import unsupported_options
+from keras_gpushare.pack.fusion.base import FusedLayer, fold
+from keras_gpushare.pack.fusion.registry import register_fused_layer
+
+logger = logging.getLogger(__name__)
+
+_IMPLEMENTATIONS = ("auto", "patches", "grouped")
+
+
+def _has_accelerator():
+    try:
+        devices = keras.distribution.list_devices()
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return any(not str(device).lower().startswith("cpu") for device in devices)
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedConv(FusedLayer):
+    """N Conv1D or Conv2D layers computed together.
+
+    Two formulations give the same result:
+
+    - `"patches"`: the input's patches are extracted once (`ops.image.extract_patches`)
+      and multiplied by the members' kernels in one batched matmul. On CPU this is far
+      faster than grouped convolution under TensorFlow (XLA's CPU grouped convolution
+      is slow) and needs no XLA. Member `groups` must be 1.
+    - `"grouped"`: members' channels are laid side by side and one convolution runs with
+      `groups * N` groups (HFTA's formulation), the fast path on GPUs.
+
+    `"auto"` picks `"grouped"` when Keras sees an accelerator or the member uses
+    `groups > 1`, and `"patches"` otherwise.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `Conv1D`/`Conv2D` config. Defaults to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        implementation: `"auto"`, `"patches"` or `"grouped"`. Defaults to `"auto"`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_conv import FusedConv
+
+    config = keras.layers.Conv2D(4, 3, padding="same").get_config()
+    layer = FusedConv(n_members=2, member_config=config, input_stacked=False)
+    print(layer(keras.ops.ones((3, 8, 8, 1))).shape)  # (2, 3, 8, 8, 4)
+    ```
+    """
+
+    def __init__(
+        self,
+        n_members,
+        member_config,
+        input_stacked=True,
+        implementation="auto",
+        **kwargs,
+    ):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+        if implementation not in _IMPLEMENTATIONS:
+            raise ValueError(
+                f"Invalid value for argument `implementation`: got {implementation!r}. "
+                f"Expected one of {_IMPLEMENTATIONS}."
+            )
+        self.implementation = implementation
+        self.filters = int(member_config["filters"])
+        self.kernel_size = tuple(member_config["kernel_size"])
+        self.rank = len(self.kernel_size)
+        self.strides = tuple(member_config["strides"])
+        self.dilation_rate = tuple(member_config["dilation_rate"])
+        self.padding = member_config["padding"]
+        self.groups = int(member_config.get("groups", 1))
+        self.use_bias = member_config.get("use_bias", True)
+        self.activation = keras.activations.get(member_config.get("activation"))
+
+    @classmethod
+    def unsupported_reason(cls, member_config):
+        return unsupported_options(member_config)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.n_members, *self.kernel_size, channels // self.groups, self.filters),
+            regularizer=_regularizer(self.member_config, "kernel_regularizer"),
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.n_members, self.filters),
+                initializer="zeros",
+                regularizer=_regularizer(self.member_config, "bias_regularizer"),
+            )
+
+    def _resolved_implementation(self):
+        if self.implementation != "auto":
+            return self.implementation
+        if self.groups > 1 or _has_accelerator():
+            return "grouped"
+        return "patches"
+
+    def _causal_pad(self, x):
+        amount = self.dilation_rate[0] * (self.kernel_size[0] - 1)
+        pads = [[0, 0]] * (len(x.shape) - 2) + [[amount, 0], [0, 0]]
+        return ops.pad(x, pads)
+
+    def call(self, inputs, training=None):
+        stacked = self.input_is_stacked()
+        x = inputs
+        padding = self.padding
+        if padding == "causal":
+            x = self._causal_pad(x)
+            padding = "valid"
+        if self._resolved_implementation() == "grouped":
+            y = self._grouped(x if stacked else self.stack(x), padding)
+        else:
+            y = self._patches(x, stacked, padding)
+        if self.bias is not None:
+            y = y + self.member_broadcast(self.bias, len(y.shape))
+        return self.activation(y)
+
+    def _patches(self, x, stacked, padding):
+        n, filters = self.n_members, self.filters
+        images = fold(x) if stacked else x
+        if self.rank == 1:
+            images = ops.expand_dims(images, 1)
+        size = (1, *self.kernel_size) if self.rank == 1 else self.kernel_size
+        strides = (1, *self.strides) if self.rank == 1 else self.strides
+        dilation = (1, *self.dilation_rate) if self.rank == 1 else self.dilation_rate
+        patches = ops.image.extract_patches(
+            images, size, strides=strides, dilation_rate=dilation, padding=padding
+        )
+        spatial = ops.shape(patches)[1:-1] if self.rank == 2 else ops.shape(patches)[2:-1]
+        depth = patches.shape[-1]
+        kernel = ops.reshape(self.kernel, (n, depth, filters))
+        if stacked:
+            y = ops.matmul(ops.reshape(patches, (n, -1, depth)), kernel)
+            return ops.reshape(y, (n, -1, *spatial, filters))
+        side_by_side = ops.reshape(ops.transpose(kernel, (1, 0, 2)), (depth, n * filters))
+        y = ops.matmul(ops.reshape(patches, (-1, depth)), side_by_side)
+        y = ops.transpose(ops.reshape(y, (-1, n, filters)), (1, 0, 2))
+        return ops.reshape(y, (n, -1, *spatial, filters))
+
+    def _grouped(self, x, padding):
+        n = self.n_members
+        r = self.rank
+        shape = ops.shape(x)
+        # (N, B, *S, C) -> (B, *S, N * C): members' channels side by side.
+        perm = (*range(1, r + 2), 0, r + 2)
+        x = ops.reshape(ops.transpose(x, perm), (-1, *shape[2:-1], n * shape[-1]))
+        # (N, *k, C/g, F) -> (*k, C/g, N * F).
+        kernel = ops.transpose(self.kernel, (*range(1, r + 2), 0, r + 2))
+        kernel = ops.reshape(kernel, (*self.kernel_size, self.kernel.shape[-2], n * self.filters))
+        y = ops.conv(
+            x, kernel, strides=self.strides, padding=padding, dilation_rate=self.dilation_rate
+        )
+        out_shape = ops.shape(y)
+        y = ops.reshape(y, (-1, *out_shape[1:-1], n, self.filters))
+        return ops.transpose(y, (r + 1, 0, *range(1, r + 1), r + 2))
+
+    def get_config(self):
+        config = super().get_config()
+        config["implementation"] = self.implementation
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedDepthwiseConv2D(FusedLayer):
+    """N DepthwiseConv2D layers as one depthwise convolution over `N * C` channels.
+
+    A depthwise convolution already treats every channel on its own, so laying the
+    members' channels side by side computes all members exactly, with no grouping.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `DepthwiseConv2D` config. Defaults to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_conv import FusedDepthwiseConv2D
+
+    config = keras.layers.DepthwiseConv2D(3, padding="same").get_config()
+    layer = FusedDepthwiseConv2D(n_members=2, member_config=config, input_stacked=False)
+    print(layer(keras.ops.ones((3, 8, 8, 4))).shape)  # (2, 3, 8, 8, 4)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+        self.kernel_size = tuple(member_config["kernel_size"])
+        self.strides = tuple(member_config["strides"])
+        self.dilation_rate = tuple(member_config["dilation_rate"])
+        self.padding = member_config["padding"]
+        self.depth_multiplier = int(member_config["depth_multiplier"])
+        self.use_bias = member_config.get("use_bias", True)
+        self.activation = keras.activations.get(member_config.get("activation"))
+
+    @classmethod
+    def unsupported_reason(cls, member_config):
+        return unsupported_options(member_config)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.n_members, *self.kernel_size, channels, self.depth_multiplier),
+            regularizer=_regularizer(self.member_config, "depthwise_regularizer"),
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.n_members, channels * self.depth_multiplier),
+                initializer="zeros",
+                regularizer=_regularizer(self.member_config, "bias_regularizer"),
+            )
+
+    def call(self, inputs, training=None):
+        n = self.n_members
+        x = self.to_stacked(inputs)
+        shape = ops.shape(x)
+        channels = x.shape[-1]
+        x = ops.reshape(ops.transpose(x, (1, 2, 3, 0, 4)), (-1, shape[2], shape[3], n * channels))
+        kernel = ops.transpose(self.kernel, (1, 2, 0, 3, 4))
+        kernel = ops.reshape(kernel, (*self.kernel_size, n * channels, self.depth_multiplier))
+        y = ops.depthwise_conv(
+            x,
+            kernel,
+            strides=self.strides,
+            padding=self.padding,
+            dilation_rate=self.dilation_rate,
+        )
+        out_shape = ops.shape(y)
+        y = ops.reshape(y, (-1, out_shape[1], out_shape[2], n, channels * self.depth_multiplier))
+        y = ops.transpose(y, (3, 0, 1, 2, 4))
+        if self.bias is not None:
+            y = y + self.member_broadcast(self.bias, 5)
+        return self.activation(y)
+
+
+register_fused_layer(keras.layers.Conv2D)(FusedConv)
+register_fused_layer(keras.layers.Conv1D)(FusedConv)
+register_fused_layer(keras.layers.DepthwiseConv2D)(FusedDepthwiseConv2D)

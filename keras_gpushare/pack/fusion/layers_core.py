@@ -1,0 +1,306 @@
+"""Fused forms of Dense, Embedding, Dropout and of layers without weights."""
+
+import keras
+from keras import ops
+
+from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
+from keras_gpushare.pack.fusion._checks import unsupported_options
+from keras_gpushare.pack.fusion.base import FusedLayer, fold, unfold
+from keras_gpushare.pack.fusion.registry import register_fused_layer
+
+
+@register_fused_layer(keras.layers.Dense)
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedDense(FusedLayer):
+    """N Dense layers as one batched matmul `(N, B, in) x (N, in, out)`.
+
+    A replicated `(B, in)` input is multiplied once by the members' kernels laid side
+    by side, `(B, in) x (in, N * out)`, so the batch is never copied N times.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `Dense` config. Defaults to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedDense
+
+    config = keras.layers.Dense(3, activation="relu").get_config()
+    layer = FusedDense(n_members=4, member_config=config, input_stacked=False)
+    print(layer(keras.ops.ones((2, 5))).shape)  # (4, 2, 3)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+        self.units = int(member_config["units"])
+        self.use_bias = member_config.get("use_bias", True)
+        self.activation = keras.activations.get(member_config.get("activation"))
+
+    @classmethod
+    def unsupported_reason(cls, member_config):
+        return unsupported_options(member_config)
+
+    def build(self, input_shape):
+        in_dim = input_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.n_members, in_dim, self.units),
+            regularizer=_regularizer(self.member_config, "kernel_regularizer"),
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.n_members, self.units),
+                initializer="zeros",
+                regularizer=_regularizer(self.member_config, "bias_regularizer"),
+            )
+
+    def call(self, inputs, training=None):
+        n, units = self.n_members, self.units
+        in_dim = self.kernel.shape[1]
+        if self.input_is_stacked():
+            lead = ops.shape(inputs)[1:-1]
+            x = ops.reshape(inputs, (n, -1, in_dim))
+            y = ops.matmul(x, self.kernel)
+            y = ops.reshape(y, (n, *lead, units))
+        else:
+            lead = ops.shape(inputs)[:-1]
+            x = ops.reshape(inputs, (-1, in_dim))
+            side_by_side = ops.reshape(ops.transpose(self.kernel, (1, 0, 2)), (in_dim, n * units))
+            y = ops.reshape(ops.matmul(x, side_by_side), (-1, n, units))
+            y = ops.reshape(ops.transpose(y, (1, 0, 2)), (n, *lead, units))
+        if self.bias is not None:
+            y = y + self.member_broadcast(self.bias, len(y.shape))
+        return self.activation(y)
+
+
+@register_fused_layer(keras.layers.Embedding)
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedEmbedding(FusedLayer):
+    """N embedding tables looked up at once.
+
+    A replicated `(B, T)` index batch gathers from the `(N, V, D)` table along its
+    vocabulary axis; a stacked `(N, B, T)` batch is offset by `n * V` into the
+    flattened `(N * V, D)` table, so both are one gather.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `Embedding` config. Defaults to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedEmbedding
+
+    config = keras.layers.Embedding(10, 4).get_config()
+    layer = FusedEmbedding(n_members=2, member_config=config, input_stacked=False)
+    print(layer(keras.ops.zeros((3, 5), dtype="int32")).shape)  # (2, 3, 5, 4)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+        self.input_dim = int(member_config["input_dim"])
+        self.output_dim = int(member_config["output_dim"])
+
+    @classmethod
+    def unsupported_reason(cls, member_config):
+        return unsupported_options(member_config, keys=("mask_zero", "sparse"))
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.n_members, self.input_dim, self.output_dim),
+            regularizer=_regularizer(self.member_config, "embeddings_regularizer"),
+        )
+
+    def call(self, inputs, training=None):
+        if inputs.dtype not in ("int32", "int64"):
+            inputs = ops.cast(inputs, "int32")
+        if not self.input_is_stacked():
+            return ops.take(self.embeddings, inputs, axis=1)
+        rank = len(inputs.shape)
+        offsets = ops.arange(self.n_members, dtype=inputs.dtype) * self.input_dim
+        offsets = ops.reshape(offsets, (self.n_members,) + (1,) * (rank - 1))
+        table = ops.reshape(self.embeddings, (-1, self.output_dim))
+        return ops.take(table, inputs + offsets, axis=0)
+
+
+@register_fused_layer(keras.layers.Dropout)
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedDropout(FusedLayer):
+    """Dropout with an independent mask for every member.
+
+    The mask is drawn over the whole stacked `(N, B, ...)` tensor, so no two members
+    share it; a member `noise_shape` gets the member axis prepended.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `Dropout` config. Defaults to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedDropout
+
+    config = keras.layers.Dropout(0.5).get_config()
+    layer = FusedDropout(n_members=2, member_config=config, input_stacked=False)
+    print(layer(keras.ops.ones((3, 4)), training=True).shape)  # (2, 3, 4)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+        self.rate = float(member_config["rate"])
+        noise_shape = member_config.get("noise_shape")
+        self.noise_shape = None if noise_shape is None else (n_members, *noise_shape)
+        self.seed_generator = keras.random.SeedGenerator(member_config.get("seed"))
+
+    def call(self, inputs, training=None):
+        x = self.to_stacked(inputs)
+        if training and self.rate > 0:
+            return keras.random.dropout(
+                x, self.rate, noise_shape=self.noise_shape, seed=self.seed_generator
+            )
+        return x
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedPerSample(FusedLayer):
+    """A layer without weights run once on the member axis folded into the batch.
+
+    Stacked `(N, B, ...)` inputs are reshaped to `(N * B, ...)`, the member layer runs
+    unchanged, and the result is reshaped back; when every input is replicated the
+    layer runs once on the shared batch and its output stays replicated. Right for any
+    layer whose output for a sample depends only on that sample and that has no weights
+    or randomness: activations, pooling, flattening, reshaping, merging.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member layer serialized with
+            `keras.saving.serialize_keras_object` (class and config). Defaults to none
+            (required).
+        input_stacked: Whether each input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedPerSample
+
+    member = keras.saving.serialize_keras_object(keras.layers.Flatten())
+    layer = FusedPerSample(n_members=2, member_config=member)
+    print(layer(keras.ops.ones((2, 3, 4, 5))).shape)  # (2, 3, 20)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+        self.inner = keras.saving.deserialize_keras_object(member_config)
+
+    @classmethod
+    def from_member(cls, layer, n_members, input_stacked):
+        return cls(
+            n_members=n_members,
+            member_config=keras.saving.serialize_keras_object(layer),
+            input_stacked=input_stacked,
+            name=layer.name,
+            trainable=layer.trainable,
+            dtype=layer.dtype_policy,
+        )
+
+    @property
+    def output_stacked(self):
+        flags = self.input_stacked
+        return any(flags) if isinstance(flags, (list, tuple)) else bool(flags)
+
+    def call(self, inputs, training=None):
+        if not self.output_stacked:
+            return self.inner(inputs)
+        stacked = self.to_stacked(inputs)
+        folded = keras.tree.map_structure(fold, stacked)
+        outputs = self.inner(folded)
+        return keras.tree.map_structure(lambda y: unfold(y, self.n_members), outputs)
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedBroadcast(FusedLayer):
+    """Copy a replicated `(B, ...)` tensor to every member: `(N, B, ...)`.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: Unused; pass `{}`. Defaults to none (required).
+        input_stacked: Whether the input is already stacked. Defaults to `False`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedBroadcast
+
+    layer = FusedBroadcast(n_members=3, member_config={})
+    print(layer(keras.ops.ones((2, 4))).shape)  # (3, 2, 4)
+    ```
+    """
+
+    def __init__(self, n_members, member_config, input_stacked=False, **kwargs):
+        super().__init__(n_members, member_config, input_stacked, **kwargs)
+
+    def call(self, inputs, training=None):
+        return self.to_stacked(inputs)
+
+
+_PER_SAMPLE = (
+    "Activation",
+    "ReLU",
+    "LeakyReLU",
+    "ELU",
+    "Softmax",
+    "Identity",
+    "Flatten",
+    "Reshape",
+    "Permute",
+    "RepeatVector",
+    "MaxPooling1D",
+    "MaxPooling2D",
+    "MaxPooling3D",
+    "AveragePooling1D",
+    "AveragePooling2D",
+    "AveragePooling3D",
+    "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D",
+    "GlobalMaxPooling3D",
+    "GlobalAveragePooling1D",
+    "GlobalAveragePooling2D",
+    "GlobalAveragePooling3D",
+    "UpSampling1D",
+    "UpSampling2D",
+    "ZeroPadding1D",
+    "ZeroPadding2D",
+    "Cropping1D",
+    "Cropping2D",
+    "Add",
+    "Subtract",
+    "Multiply",
+    "Average",
+    "Maximum",
+    "Minimum",
+    "Concatenate",
+    "Dot",
+)
+for _name in _PER_SAMPLE:
+    register_fused_layer(getattr(keras.layers, _name))(FusedPerSample)

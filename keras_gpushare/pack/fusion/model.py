@@ -1,0 +1,197 @@
+"""`FusedModel`: N same-architecture members as one model with stacked weights."""
+
+import logging
+from collections.abc import Sequence
+
+import keras
+from keras import ops
+
+from keras_gpushare.pack.fusion import converter
+from keras_gpushare.pack.fusion.report import inspect_members
+
+logger = logging.getLogger(__name__)
+
+_INPUT_MODES = ("replicate", "stacked")
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedModel(keras.Model):
+    """N members' copies of one architecture, computed as one model.
+
+    Every weight carries a leading member axis N. With `input_mode="replicate"` each
+    input is `(B, ...)` and shared by all members; with `"stacked"` it is `(N, b, ...)`,
+    member i's own batch in slice i. Outputs have member 0's output structure, every
+    leaf stacked to `(N, B, ...)`. Build one with `build_fused_model`.
+
+    Args:
+        graph: The Functional model of fused layers. Defaults to none (required).
+        n_members: Number of members N. Defaults to none (required).
+        input_mode: `"replicate"` or `"stacked"`. Defaults to `"replicate"`.
+        layer_index: Maps each fused layer's name to the position of the member layer
+            it fuses in the member's graph order. Defaults to none (required).
+        **kwargs: Base model keyword arguments (`name`, `trainable`).
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion import build_fused_model
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+    members = [build() for _ in range(3)]
+    fused = build_fused_model(members)
+    print(fused(keras.ops.ones((5, 4))).shape)  # (3, 5, 2)
+    ```
+    """
+
+    def __init__(self, graph, n_members, input_mode="replicate", layer_index=None, **kwargs):
+        super().__init__(**kwargs)
+        self.graph = graph
+        self.n_members = int(n_members)
+        self.input_mode = input_mode
+        self.layer_index = dict(layer_index or {})
+        self.built = True
+
+    def call(self, inputs, training=None):
+        return self.graph(inputs, training=training)
+
+    def member_variable_map(self, members: Sequence[keras.Model]) -> list:
+        """Pair every fused variable with the member variables it stacks.
+
+        Args:
+            members: The N member models, structured like those the model was built
+                from. Defaults to none (required).
+
+        Returns:
+            A list of `(fused_variable, (member_0_variable, ..., member_N-1_variable))`,
+            trainable and non-trainable variables alike, in the order of
+            `self.weights`.
+        """
+        members = list(members)
+        if len(members) != self.n_members:
+            raise ValueError(
+                f"Invalid value for argument `members`: got {len(members)} models for a "
+                f"fused model of {self.n_members} members. Pass the {self.n_members} "
+                "members it was built from."
+            )
+        graphs = []
+        for i, member in enumerate(members):
+            graph, why = converter.member_graph(member)
+            if why:
+                raise ValueError(f"Member {i} cannot be mapped onto the fused model: {why}.")
+            graphs.append(graph)
+        pairs = []
+        for layer in self.graph.layers:
+            position = self.layer_index.get(layer.name)
+            if position is None:
+                continue
+            member_layers = [g.layers[position] for g in graphs]
+            for k, fused_variable in enumerate(layer.weights):
+                member_variables = tuple(m.weights[k] for m in member_layers)
+                for i, variable in enumerate(member_variables):
+                    if (self.n_members, *variable.shape) != tuple(fused_variable.shape):
+                        raise ValueError(
+                            f"Member {i}'s variable `{variable.path}` of shape "
+                            f"{tuple(variable.shape)} does not fit the fused variable "
+                            f"`{fused_variable.path}` of shape {tuple(fused_variable.shape)}. "
+                            "Pass members with the architecture the model was built from."
+                        )
+                pairs.append((fused_variable, member_variables))
+        return pairs
+
+    def load_from_members(self, members: Sequence[keras.Model]) -> None:
+        """Copy every member's weights into its slice of the stacked weights.
+
+        Args:
+            members: The N member models. Defaults to none (required).
+        """
+        for fused_variable, member_variables in self.member_variable_map(members):
+            values = [ops.convert_to_numpy(v) for v in member_variables]
+            fused_variable.assign(ops.stack(values))
+
+    def write_to_members(self, members: Sequence[keras.Model]) -> None:
+        """Copy each slice of the stacked weights back into its member model.
+
+        Non-trainable weights (BatchNormalization moving statistics) go back too.
+
+        Args:
+            members: The N member models. Defaults to none (required).
+        """
+        for fused_variable, member_variables in self.member_variable_map(members):
+            value = ops.convert_to_numpy(fused_variable)
+            for i, variable in enumerate(member_variables):
+                variable.assign(value[i])
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "graph": keras.saving.serialize_keras_object(self.graph),
+            "n_members": self.n_members,
+            "input_mode": self.input_mode,
+            "layer_index": self.layer_index,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["graph"] = keras.saving.deserialize_keras_object(
+            config["graph"], custom_objects=custom_objects
+        )
+        return cls(**config)
+
+
+def build_fused_model(members: Sequence[keras.Model], input_mode: str = "replicate") -> FusedModel:
+    """Fuse same-architecture members into one `FusedModel` with stacked weights.
+
+    Each member's current weights are copied into its slice; the members themselves are
+    left untouched. Raises `ValueError` carrying the `fusion_report` when the members
+    cannot be fused.
+
+    Args:
+        members: The N member models (Sequential or Functional, same architecture).
+            Defaults to none (required).
+        input_mode: `"replicate"`: inputs `(B, ...)` shared by all members;
+            `"stacked"`: inputs `(N, b, ...)`, one slice per member. Defaults to
+            `"replicate"`.
+
+    Returns:
+        The `FusedModel`.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion import build_fused_model
+
+    def build():
+        inputs = keras.Input((8,))
+        x = keras.layers.Dense(16, activation="relu")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+    fused = build_fused_model([build() for _ in range(4)], input_mode="stacked")
+    print(fused(keras.ops.ones((4, 2, 8))).shape)  # (4, 2, 1)
+    ```
+    """
+    if input_mode not in _INPUT_MODES:
+        raise ValueError(
+            f"Invalid value for argument `input_mode`: got {input_mode!r}. Expected one of "
+            f"{_INPUT_MODES}."
+        )
+    members = list(members)
+    report, graphs = inspect_members(members)
+    if not report.fusable:
+        raise ValueError(f"These members cannot be fused.\n{report}")
+    graph, layer_index = converter.build_graph(graphs[0], len(members), input_mode)
+    fused = FusedModel(
+        graph,
+        n_members=len(members),
+        input_mode=input_mode,
+        layer_index=layer_index,
+        name=graph.name,
+    )
+    fused.load_from_members(members)
+    logger.debug("Fused %d members into %s.", len(members), fused.name)
+    return fused
