@@ -126,14 +126,20 @@ def pipelined_train_step(
         x_j = tree.pack_sequence_as(model._inputs_struct, [p[j] for p in x_parts])
         with tf.device(last):
             with tf.GradientTape(persistent=bool(model.losses)) as tape:
-                tape.watch(flat_out)
+                # Keras computes cross-entropy from the logits behind a softmax/sigmoid
+                # output (`_keras_logits`), so both must be watched.
+                watched = flat_out + [o._keras_logits for o in flat_out if _has_logits(o)]
+                tape.watch(watched)
                 loss = model._compute_loss(
                     x=x_j, y=y_parts[j], y_pred=y_pred, sample_weight=sw_parts[j], training=True
                 )
                 loss = loss / microbatches
                 scaled = model.optimizer.scale_loss(loss) if model.optimizer else loss
             losses.append(loss)
-            out_grads = tape.gradient(scaled, flat_out)
+            all_grads = tape.gradient(scaled, watched)
+            out_grads = all_grads[: len(flat_out)]
+            with_logits = [id(t) for t, o in zip(model.outputs, flat_out) if _has_logits(o)]
+            logit_grads = dict(zip(with_logits, all_grads[len(flat_out) :]))
         if model.losses:
             for k, stage in enumerate(stages):
                 with tf.device(stage.device):
@@ -143,7 +149,7 @@ def pipelined_train_step(
                     ):
                         grads[k].setdefault(id(v), []).append(g)
         del tape
-        _backward(model, stages, mb, out_grads, grads, recompute)
+        _backward(model, stages, mb, out_grads, logit_grads, grads, recompute)
 
     trainable, applied = [], []
     for k, stage in enumerate(stages):
@@ -168,6 +174,10 @@ def pipelined_train_step(
         return model.compute_metrics(
             x, y, _pack_outputs(model, outputs), sample_weight=sample_weight
         )
+
+
+def _has_logits(tensor: Any) -> bool:
+    return getattr(tensor, "_keras_logits", None) is not None
 
 
 def _pack_outputs(model: keras.Model, flat: list[Any]) -> Any:
@@ -207,9 +217,11 @@ def _backward(
     stages: Sequence[StageGraph],
     mb: _Microbatch,
     out_grads: list[Any],
+    logit_grads: dict[int, Any],
     grads: list[dict[int, list[Any]]],
     recompute: bool,
 ) -> None:
+    logit_grads = {i: g for i, g in logit_grads.items() if g is not None}
     pending: dict[int, list[Any]] = {}
     for t, g in zip(model.outputs, out_grads):
         if g is not None:
@@ -218,9 +230,10 @@ def _backward(
         stage = stages[k]
         with tf.device(stage.device):
             wanted = [i for i in stage.outputs if pending.get(i)]
-            if not wanted:
+            logits = [i for i in stage.outputs if i in logit_grads]
+            if not wanted and not logits:
                 continue
-            upstream = [_sum(pending.pop(i)) for i in wanted]
+            upstream = [_sum(pending.pop(i)) for i in wanted] + [logit_grads[i] for i in logits]
             inputs = mb.stage_inputs[k]
             if recompute:
                 with tf.GradientTape() as tape:
@@ -231,7 +244,7 @@ def _backward(
             sources_in = _grad_inputs(model, inputs)
             variables = stage.trainable_variables
             result = tape.gradient(
-                [local[i] for i in wanted],
+                [local[i] for i in wanted] + [local[i]._keras_logits for i in logits],
                 [inputs[i] for i in sources_in] + variables,
                 output_gradients=upstream,
             )

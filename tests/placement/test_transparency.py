@@ -88,3 +88,27 @@ def test_stage_builder_matches_unsplit():
         m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     for w, r in zip(placed.get_weights(), ref.get_weights()):
         np.testing.assert_allclose(w, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_softmax_classifier_matches_unsplit(recompute):
+    # Keras computes cross-entropy from the logits behind the softmax output.
+    def build():
+        keras.utils.set_random_seed(7)
+        return keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dense(4, activation="softmax"),
+            ]
+        )
+
+    x = np.random.RandomState(0).randn(16, 6).astype("float32")
+    y = np.random.RandomState(1).randint(0, 4, 16)
+    ref = build()
+    placed = kg.split_model(build(), ["/CPU:1", "/CPU:2"], microbatches=2, recompute=recompute)
+    for m in (ref, placed):
+        m.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+        m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for w, r in zip(placed.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(w, r, rtol=1e-4, atol=1e-5)
