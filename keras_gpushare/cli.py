@@ -27,6 +27,12 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="comma-separated subset of: sequential,pool,pack-graph,pack-fused,torch-vmap",
     )
+    p.add_argument(
+        "--architecture",
+        choices=("mixed", "same"),
+        default=None,
+        help="members of widths 16/32/48/64 (mixed) or all the seeds' 64 (same)",
+    )
     p.set_defaults(func=_run_bench)
 
 
@@ -35,10 +41,66 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     config = BenchConfig.quick() if args.quick else BenchConfig.full()
     config = config.with_overrides(
-        members=args.members, samples=args.samples, epochs=args.epochs, methods=args.methods
+        members=args.members,
+        samples=args.samples,
+        epochs=args.epochs,
+        methods=args.methods,
+        architecture=args.architecture,
     )
     report = run_pack_benchmark(config)
     print(report)
+    return 0
+
+
+def _add_monitor(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "monitor",
+        help="live GPU utilization table, one line per device (like nvidia-smi dmon)",
+        description=(
+            "Samples NVML every --interval seconds and prints one line per GPU: NVML "
+            "utilization (share of time a kernel ran), memory-controller utilization, memory "
+            "used and free, power, temperature and, on Hopper and newer, SM activity. Honours "
+            "CUDA_VISIBLE_DEVICES like UtilizationLogger does."
+        ),
+    )
+    p.add_argument(
+        "--interval", type=_positive_float, default=1.0, help="seconds between samples (1)"
+    )
+    p.add_argument(
+        "--count", type=_positive_int, default=None, help="samples to print (until Ctrl-C)"
+    )
+    p.set_defaults(func=_run_monitor)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _run_monitor(args: argparse.Namespace) -> int:
+    from keras_gpushare.monitor._table import LiveTable
+
+    table = LiveTable(interval=args.interval)
+    problem = table.open()
+    try:
+        if problem is not None:
+            print(f"keras-gpushare monitor: no GPU to monitor: {problem}.", file=sys.stderr)
+            return 1
+        for line in table.lines(count=args.count):
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        table.close()
     return 0
 
 
@@ -100,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_bench(subparsers)
+    _add_monitor(subparsers)
     _add_plan(subparsers)
     return parser
 

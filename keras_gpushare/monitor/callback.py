@@ -141,7 +141,9 @@ class UtilizationLogger(keras.callbacks.Callback):
         self._batches += 1
         if self._batches % self.every:
             return
-        figures, self.batch_samples = self._sampler.take("batch")
+        # Never wait on the training thread between batches: a window shorter than `interval`
+        # reports the latest sample.
+        figures, self.batch_samples = self._sampler.take("batch", wait=False)
         if logs is not None:
             logs.update(figures)
         self._drain()

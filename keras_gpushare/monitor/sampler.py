@@ -164,6 +164,7 @@ class Sampler:
         self._next_process_read = 0.0
         self._cpu_times: tuple[float, float] | None = None
         self._messages: list[tuple[int, str]] = []
+        self._latest: dict[str, float] | None = None
         self.error: BaseException | None = None
         self.ended_by_watch = False
         self._thread: threading.Thread | None = None
@@ -196,20 +197,25 @@ class Sampler:
             raise error
 
     def take(
-        self, name: str, spec: Sequence[tuple[str, str, str]] | None = None
+        self, name: str, spec: Sequence[tuple[str, str, str]] | None = None, wait: bool = True
     ) -> tuple[dict[str, float], list[dict[str, float]]]:
         """Closes window `name` and returns its figures and its samples, opening a new one.
 
-        An empty window (shorter than `interval`) first asks the thread for a sample now.
+        A window shorter than `interval` may hold no sample. Then, with `wait=True`, the
+        thread is asked for a sample now and the call waits for it (one NVML round, about a
+        millisecond); with `wait=False` the latest sample stands in, without waiting.
         """
         with self._cond:
             window = self._windows[name]
             if window.count == 0 and self._alive and not self._stop.is_set():
-                self._wake.set()
-                self._cond.wait_for(
-                    lambda: window.count > 0 or not self._alive,
-                    timeout=max(1.0, 4 * self.interval),
-                )
+                if wait or self._latest is None:
+                    self._wake.set()
+                    self._cond.wait_for(
+                        lambda: window.count > 0 or not self._alive,
+                        timeout=max(1.0, 4 * self.interval),
+                    )
+                else:
+                    window.add(self._latest)
             self._windows[name] = _Window()
             figures = window.figures(self.spec if spec is None else spec)
         return figures, window.samples
@@ -303,6 +309,7 @@ class Sampler:
         with self._cond:
             for window in self._windows.values():
                 window.add(sample)
+            self._latest = sample
             self._cond.notify_all()
 
     def _host_cpu(self) -> float:
