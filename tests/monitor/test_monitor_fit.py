@@ -308,8 +308,19 @@ def test_every_hook_the_logger_relies_on_fires_under_fit(fake_nvml):
     assert calls == ["train_begin", "batch_end", "batch_end", "epoch_end", "train_end"]
 
 
-def test_docstring_example_runs(fake_nvml):
-    from keras_gpushare.monitor.callback import UtilizationLogger as cls
+@pytest.mark.parametrize(
+    "path",
+    [
+        "keras_gpushare.monitor.callback.UtilizationLogger",
+        "keras_gpushare.monitor.nvml.NvmlReader",
+        "keras_gpushare.monitor.sampler.Sampler",
+        "keras_gpushare.monitor._table.LiveTable",
+    ],
+)
+def test_docstring_examples_run(fake_nvml, path):
+    import importlib
 
+    module, name = path.rsplit(".", 1)
+    cls = getattr(importlib.import_module(module), name)
     code = cls.__doc__.split("```python")[1].split("```")[0]
-    exec(compile(textwrap.dedent(code), "<UtilizationLogger example>", "exec"), {})
+    exec(compile(textwrap.dedent(code), f"<{name} example>", "exec"), {})
