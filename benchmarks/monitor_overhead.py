@@ -205,7 +205,8 @@ def _calibrate(target_ms: float, batch: int) -> int:
     for k in range(19):
         width = int(32 * 2 ** (k / 2)) // 8 * 8
         model = _model(width)
-        x, y = _data(width, 20, batch)
+        x, y = _data(width, 50, batch)
+        _step_ms(model, x, y, batch, 2, [])  # compile and warm up first
         ms, _, _ = _step_ms(model, x, y, batch, 3, [])
         print(f"  calibration: width {width:>5}: {ms:6.2f} ms/step", flush=True)
         if abs(ms - target_ms) < best_gap:
