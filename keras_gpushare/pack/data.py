@@ -98,3 +98,23 @@ def check_label_structure(y: Any, i: int, member: keras.Model) -> None:
             "of members with different labels pass `y=[y_member0, y_member1, ...]` (one entry "
             "per member)."
         )
+
+
+def member_batches(pack: keras.Model, data: Any, training: bool) -> list[tuple[Any, Any, Any]]:
+    """Splits a pack batch into `(x, y, sample_weight)` for each member."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    n = len(pack._members)
+    per_member = labels_per_member(y, n)
+    batches = []
+    for i, member in enumerate(pack._members):
+        xi = member_inputs(x, member)
+        yi = member_labels(y, i, per_member)
+        swi = member_labels(sample_weight, i, per_member and _is_list_of(sample_weight, n))
+        if training and pack._data_mode == "shard":
+            xi, yi, swi = (shard(v, i, n) for v in (xi, yi, swi))
+        batches.append((xi, yi, swi))
+    return batches
+
+
+def _is_list_of(value: Any, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n

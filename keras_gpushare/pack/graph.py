@@ -14,30 +14,11 @@ import tensorflow as tf
 from keras import tree
 
 from keras_gpushare.pack import data as data_lib
-from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN, STOPPED_EARLY
+from keras_gpushare.pack.logs import pack_logs
+from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN
 
 if TYPE_CHECKING:
     from keras_gpushare.pack.model import ModelPack
-
-
-def member_batches(pack: ModelPack, data: Any, training: bool) -> list[tuple[Any, Any, Any]]:
-    """Splits a pack batch into `(x, y, sample_weight)` for each member."""
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    n = len(pack._members)
-    per_member = data_lib.labels_per_member(y, n)
-    batches = []
-    for i, member in enumerate(pack._members):
-        xi = data_lib.member_inputs(x, member)
-        yi = data_lib.member_labels(y, i, per_member)
-        swi = data_lib.member_labels(sample_weight, i, per_member and _is_list_of(sample_weight, n))
-        if training and pack._data_mode == "shard":
-            xi, yi, swi = (data_lib.shard(v, i, n) for v in (xi, yi, swi))
-        batches.append((xi, yi, swi))
-    return batches
-
-
-def _is_list_of(value: Any, n: int) -> bool:
-    return isinstance(value, (list, tuple)) and len(value) == n
 
 
 def _batch_size(x: Any) -> tf.Tensor:
@@ -74,7 +55,7 @@ def _train_member(pack: ModelPack, member: keras.Model, batch: tuple) -> tf.Tens
 
 def train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     """The graph engine's training step: per-member steps, then the pack's logs."""
-    batches = member_batches(pack, data, training=True)
+    batches = data_lib.member_batches(pack, data, training=True)
     status = tf.convert_to_tensor(pack._status.value)
     new_status = []
     for i, (member, batch) in enumerate(zip(pack._members, batches)):
@@ -89,13 +70,13 @@ def train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     new_status = tf.stack(new_status)
     pack._status.assign(new_status)
     pack.optimizer.iterations.assign_add(1)
-    return pack_logs(pack, tf.equal(new_status, ACTIVE))
+    return pack_logs(pack._members)
 
 
 def test_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     """The graph engine's evaluation step: every member is evaluated on the whole batch."""
     for member, (x, y, sample_weight) in zip(
-        pack._members, member_batches(pack, data, training=False)
+        pack._members, data_lib.member_batches(pack, data, training=False)
     ):
         y_pred = member(x, training=False)
         loss = member.compute_loss(
@@ -103,30 +84,4 @@ def test_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
         )
         member._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
         member.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    status = tf.convert_to_tensor(pack._status.value)
-    usable = tf.equal(status, ACTIVE) | tf.equal(status, STOPPED_EARLY)
-    return pack_logs(pack, usable, mask_members=False)
-
-
-def pack_logs(pack: ModelPack, counted: tf.Tensor, mask_members: bool = True) -> dict:
-    """`m{i}_<name>` for every member and `loss`, the mean loss of the `counted` members.
-
-    With `mask_members`, a member that is not counted (frozen, stopped) logs NaN, so an epoch
-    in which it did not train never shows stale or zero figures.
-    """
-    logs = {}
-    losses = []
-    nan = tf.constant(float("nan"))
-    for i, member in enumerate(pack._members):
-        for name, value in member.get_metrics_result().items():
-            value = tf.cast(value, tf.float32)
-            if mask_members:
-                value = tf.where(counted[i], value, nan)
-            logs[f"m{i}_{name}"] = value
-        losses.append(tf.cast(member._loss_tracker.result(), tf.float32))
-    losses = tf.stack(losses)
-    weights = tf.cast(counted, tf.float32)
-    count = tf.reduce_sum(weights)
-    total = tf.reduce_sum(tf.where(counted, losses, tf.zeros_like(losses)))
-    mean = tf.where(count > 0, tf.math.divide_no_nan(total, count), nan)
-    return {"loss": mean, **logs}
+    return pack_logs(pack._members)

@@ -12,7 +12,9 @@ import numpy as np
 from keras import tree
 
 from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack import fused as fused_lib
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack.fusion import VectorizedOptimizer, build_fused_model, fusion_report
 from keras_gpushare.pack.members import STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
 from keras_gpushare.pack.watcher import StatusWatcher
@@ -96,11 +98,18 @@ class ModelPack(keras.Model):
                 f'Invalid value for argument `on_nan`: got {on_nan!r}. Expected "freeze" or '
                 '"ignore".'
             )
+        engine, report = _choose_engine(members, fuse, data)
         super().__init__(name=name, **kwargs)
-        self._members = members
+        self._members = _MemberList(members)
         self._data_mode = data
         self._fuse = fuse
         self._on_nan = on_nan
+        self._engine = engine
+        self._fusion_report = report
+        if engine == "fused":
+            self._fused = build_fused_model(members)
+        else:
+            self._tracked_members = members
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -111,6 +120,7 @@ class ModelPack(keras.Model):
         self._member_compile_args: dict[str, Any] | None = None
         if all(m.built for m in members):
             self.built = True
+        logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), engine)
 
     @classmethod
     def from_builder(cls, build_fn: Callable[..., keras.Model], n: int, **kwargs: Any) -> ModelPack:
@@ -142,13 +152,24 @@ class ModelPack(keras.Model):
 
     @property
     def members(self) -> list[keras.Model]:
-        """The member models; they share their variables with the pack."""
+        """The member models, holding the pack's current weights.
+
+        On the graph engine they are the models the pack trains; on the fused engine they
+        are refreshed from the stacked weights (and optimizer state) each time this is read.
+        """
+        if self._engine == "fused":
+            fused_lib.sync_members(self)
         return list(self._members)
 
     @property
     def engine(self) -> str:
-        """The engine that trains this pack: `"graph"`."""
-        return "graph"
+        """The engine that trains this pack: `"fused"` or `"graph"`."""
+        return self._engine
+
+    @property
+    def fusion_report(self) -> str:
+        """Why the members were or were not fused, layer by layer."""
+        return str(self._fusion_report)
 
     @property
     def status(self) -> list[str]:
@@ -179,7 +200,7 @@ class ModelPack(keras.Model):
             raise ValueError(
                 f"Invalid member index {index}: this pack has {len(self._members)} members."
             )
-        source = self._members[index]
+        source = self.members[index]
         copy = keras.models.clone_model(source)
         copy.set_weights(source.get_weights())
         if source.compiled:
@@ -195,6 +216,9 @@ class ModelPack(keras.Model):
         self.built = True
 
     def call(self, inputs: Any, training: bool | None = None) -> list:
+        if self._engine == "fused":
+            outputs = self._fused(inputs, training=training)
+            return fused_lib.split_outputs(outputs, len(self._members))
         return [
             member(data_lib.member_inputs(inputs, member), training=training)
             for member in self._members
@@ -231,9 +255,10 @@ class ModelPack(keras.Model):
             run_eagerly: run steps eagerly (debugging). Defaults to `False`.
             steps_per_execution: batches per compiled call; `"auto"` picks 16, which hides
                 Python overhead for small models. Defaults to `"auto"`.
-            jit_compile: XLA compilation; `"auto"` turns it on when every member's layers
-                support XLA (also on CPU, where plain Keras leaves it off). Defaults to
-                `"auto"`.
+            jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
+                layers support XLA (also on CPU, where plain Keras leaves it off), and leaves
+                the graph engine to Keras's rule (XLA with a GPU only: on CPU, compiling N
+                members costs more than it saves). Defaults to `"auto"`.
             auto_scale_loss: as in `keras.Model.compile`. Defaults to `True`.
         """
         n = len(self._members)
@@ -265,10 +290,15 @@ class ModelPack(keras.Model):
             )
         if steps_per_execution == "auto":
             steps_per_execution = _DEFAULT_STEPS_PER_EXECUTION
-        if jit_compile == "auto":
+        pack_optimizer = None
+        if self._engine == "fused":
+            pack_optimizer = self._vectorized_optimizer(optimizers)
+        if pack_optimizer is None:
+            pack_optimizer = MemberOptimizers(optimizers)
+        elif jit_compile == "auto":
             jit_compile = not run_eagerly and self._members_support_jit()
         super().compile(
-            optimizer=MemberOptimizers(optimizers),
+            optimizer=pack_optimizer,
             loss=None,
             run_eagerly=run_eagerly,
             steps_per_execution=steps_per_execution,
@@ -289,12 +319,38 @@ class ModelPack(keras.Model):
         if self.built and all(m.built for m in self._members):
             self._build_member_state()
 
+    def _vectorized_optimizer(self, optimizers: list) -> VectorizedOptimizer | None:
+        """The fused engine's optimizer, or None after falling back to the graph engine."""
+        try:
+            return VectorizedOptimizer(optimizers)
+        except ValueError as e:
+            if self._fuse is True:
+                raise ValueError(
+                    f"Invalid value for argument `optimizer` with fuse=True: {e} Or build the "
+                    'pack with fuse="auto" to train such members on the graph engine.'
+                ) from None
+            if self.compiled:
+                raise ValueError(
+                    f"Invalid value for argument `optimizer`: {e} This pack was compiled on the "
+                    "fused engine before; build a new pack to train these optimizers."
+                ) from None
+            self._fall_back_to_graph(f"not fused: the optimizers cannot be vectorized: {e}")
+            return None
+
+    def _fall_back_to_graph(self, reason: str) -> None:
+        """Moves a pack whose members were fused at construction onto the graph engine."""
+        fused_lib.sync_members(self)
+        self._layers.remove(self._fused)
+        object.__delattr__(self, "_fused")
+        self._tracked_members = list(self._members)
+        self._engine = "graph"
+        self._fusion_report = reason
+        logger.info("ModelPack %s: %s", self.name, reason)
+
     def _members_support_jit(self) -> bool:
         from keras.src.trainers.trainer import model_supports_jit
 
-        return keras.backend.backend() != "torch" and all(
-            model_supports_jit(m) for m in self._members
-        )
+        return keras.backend.backend() != "torch" and model_supports_jit(self._fused)
 
     def get_compile_config(self) -> dict:
         if self._member_compile_args is None:
@@ -311,7 +367,7 @@ class ModelPack(keras.Model):
             if not member.optimizer.built:
                 member.optimizer.build(member.trainable_variables)
         if not self.optimizer.built:
-            self.optimizer.build([])
+            self.optimizer.build(self.trainable_variables if self._engine == "fused" else [])
 
     @property
     def metrics(self) -> list:
@@ -329,10 +385,8 @@ class ModelPack(keras.Model):
                     data_batch = next(data_or_iterator)
                 break
         if data_batch is not None:
-            from keras_gpushare.pack.graph import member_batches
-
             for member, batch in zip(
-                self._members, member_batches(self, data_batch, training=False)
+                self._members, data_lib.member_batches(self, data_batch, training=False)
             ):
                 member._symbolic_build(data_batch=batch)
         self.built = True
@@ -355,15 +409,34 @@ class ModelPack(keras.Model):
 
     # Steps -------------------------------------------------------------------------------
 
-    def train_step(self, data: Any) -> dict:
+    def train_step(self, *args: Any) -> Any:
+        if self._engine == "fused":
+            return super().train_step(*args)
         from keras_gpushare.pack import graph
 
-        return graph.train_step(self, data)
+        return graph.train_step(self, *args)
 
-    def test_step(self, data: Any) -> dict:
+    def test_step(self, *args: Any) -> Any:
+        if self._engine == "fused":
+            return super().test_step(*args)
         from keras_gpushare.pack import graph
 
-        return graph.test_step(self, data)
+        return graph.test_step(self, *args)
+
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Any:
+        """The fused engine's loss: the sum of the active members' own compiled losses."""
+        return fused_lib.compute_loss(self, x, y, y_pred, sample_weight, training)
+
+    def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> dict:
+        """The fused engine's metrics: every member's own, logged as `m{i}_<name>`."""
+        return fused_lib.compute_metrics(self, x, y, y_pred, sample_weight)
 
     # Fit / predict -----------------------------------------------------------------------
 
@@ -435,7 +508,56 @@ class ModelPack(keras.Model):
         return cls(**config)
 
     def _get_member_weights(self, index: int) -> list[np.ndarray]:
+        if self._engine == "fused":
+            return fused_lib.member_weights(self, index)
         return self._members[index].get_weights()
 
     def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
-        self._members[index].set_weights(weights)
+        if self._engine == "fused":
+            fused_lib.set_member_weights(self, index, weights)
+        else:
+            self._members[index].set_weights(weights)
+
+
+class _MemberList:
+    """The members, held where Keras does not track them as the pack's own layers.
+
+    On the graph engine the pack also keeps them in a tracked list (their variables are the
+    pack's); on the fused engine the stacked copies are, and the members are views.
+    """
+
+    def __init__(self, members: list[keras.Model]) -> None:
+        self._items = list(members)
+
+    def __getitem__(self, index: int) -> keras.Model:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):
+        return iter(self._items)
+
+
+def _choose_engine(members: list[keras.Model], fuse: str | bool, data: str) -> tuple[str, Any]:
+    """Picks `"fused"` or `"graph"` and returns it with the fusion report (or reason)."""
+    report: Any
+    if not all(m.built for m in members):
+        report = "not fused: some members are not built yet; give them a keras.Input."
+    elif data != "replicate":
+        report = f'not fused: data="{data}" runs on the graph engine.'
+    else:
+        report = fusion_report(members)
+    fusable = not isinstance(report, str) and report.fusable
+    if fuse is True and not fusable:
+        raise ValueError(f"Invalid value for argument `fuse`: True, but {report}")
+    engine = "fused" if fusable and fuse is not False else "graph"
+    if engine == "graph" and keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"The graph engine needs the TensorFlow backend (KERAS_BACKEND is "
+            f"{keras.backend.backend()!r}); on other backends only same-architecture members "
+            f"train, on the fused engine.\n{report}"
+        )
+    if fuse is False and fusable:
+        report = "not fused: fuse=False."
+    return engine, report

@@ -54,12 +54,25 @@ def member_graph(model):
 
 
 def comparable_config(config):
-    """A layer config without the keys that may differ across fusable members."""
-    return {
+    """A layer config without the keys that may differ across fusable members.
+
+    The dtype policy is compared by name: a policy read back from a `.keras` file may be
+    serialized differently (shared-object references) while being the same policy.
+    """
+    result = {
         key: value
         for key, value in config.items()
         if key not in _IGNORED_KEYS and not key.endswith("_initializer")
     }
+    if "dtype" in result:
+        result["dtype"] = keras.DTypePolicy(_policy_name(result["dtype"])).name
+    return result
+
+
+def _policy_name(dtype):
+    if isinstance(dtype, dict):
+        return dtype.get("config", {}).get("name", "float32")
+    return getattr(dtype, "name", dtype) or "float32"
 
 
 def node_signature(graph, node):

@@ -1,0 +1,1 @@
+"""Benchmarks behind `keras-gpushare bench` and `benchmarks/` (private)."""

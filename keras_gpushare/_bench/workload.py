@@ -1,0 +1,191 @@
+"""The seeds' workload, run one way per function, each in a fresh process.
+
+Every runner trains `members` MLPs (10-w-32-1, Adam, binary cross-entropy, batch 32) for
+`epochs` epochs over the same `samples` random rows and returns a dict of measurements:
+`wall_s` (end to end, model building included), `steady_rate` (model-samples per second in
+the last epoch) and `peak_rss_mib` (summed over the processes it used).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import Any
+
+import numpy as np
+
+
+def make_data(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random inputs and 0/1 labels as in the seeds: `x` of shape (samples, 10)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, 10)).astype("float32")
+    y = rng.integers(0, 2, size=(samples, 1)).astype("float32")
+    return x, y
+
+
+def build_mlp(width: int, seed: int):
+    """The seeds' model with a first hidden layer of `width` units."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((10,)),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _epoch_timer():
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.times: list[float] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.times.append(time.perf_counter() - self._start)
+
+    return EpochTimer()
+
+
+def run_sequential(config: dict[str, Any]) -> dict[str, float]:
+    """Plain `fit` for one member after another (the users' starting point)."""
+    start = time.perf_counter()
+    x, y = make_data(config["samples"])
+    last_epoch_s = 0.0
+    for i, width in enumerate(config["widths"]):
+        model = build_mlp(width, seed=i)
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+        timer = _epoch_timer()
+        model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
+        last_epoch_s += timer.times[-1]
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "steady_rate": len(config["widths"]) * config["samples"] / last_epoch_s,
+        "peak_rss_mib": _peak_rss_mib(),
+    }
+
+
+def _pool_task(args: tuple[int, int, dict[str, Any]]) -> dict[str, float]:
+    i, width, config = args
+    x, y = make_data(config["samples"])
+    model = build_mlp(width, seed=i)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    timer = _epoch_timer()
+    model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
+    return {"pid": os.getpid(), "last_epoch_s": timer.times[-1], "rss": _peak_rss_mib()}
+
+
+def run_pool(config: dict[str, Any]) -> dict[str, float]:
+    """The seeds' method 1: a spawn process pool, one `fit` per member."""
+    import multiprocessing as mp
+
+    start = time.perf_counter()
+    processes = config["processes"]
+    tasks = [(i, w, config) for i, w in enumerate(config["widths"])]
+    with mp.get_context("spawn").Pool(processes) as pool:
+        results = pool.map(_pool_task, tasks, chunksize=1)
+    wall = time.perf_counter() - start
+    rss_by_pid: dict[int, float] = {}
+    for r in results:
+        rss_by_pid[r["pid"]] = max(rss_by_pid.get(r["pid"], 0.0), r["rss"])
+    rate_each = np.mean([config["samples"] / r["last_epoch_s"] for r in results])
+    return {
+        "wall_s": wall,
+        "steady_rate": float(rate_each) * min(processes, len(tasks)),
+        "peak_rss_mib": _peak_rss_mib() + sum(rss_by_pid.values()),
+    }
+
+
+def run_pack(config: dict[str, Any]) -> dict[str, float]:
+    """All members in one `ModelPack` (engine chosen by `config["fuse"]`)."""
+    import keras_gpushare as kg
+
+    start = time.perf_counter()
+    x, y = make_data(config["samples"])
+    members = [build_mlp(w, seed=i) for i, w in enumerate(config["widths"])]
+    pack = kg.ModelPack(members, fuse=config.get("fuse", False))
+    pack.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    timer = _epoch_timer()
+    pack.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "steady_rate": len(members) * config["samples"] / timer.times[-1],
+        "peak_rss_mib": _peak_rss_mib(),
+        "engine": pack.engine,
+    }
+
+
+def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
+    """The peer: a `torch.func` ensemble (stack_module_state + functional_call + vmap, Adam).
+
+    Needs members of one architecture; uses the first width for all of them.
+    """
+    import copy
+
+    import torch
+    from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+
+    start = time.perf_counter()
+    x_np, y_np = make_data(config["samples"])
+    x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
+    width = config["widths"][0]
+    n = len(config["widths"])
+
+    def net() -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(10, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 32),
+            torch.nn.ReLU(),
+            torch.nn.Linear(32, 1),
+        )
+
+    torch.manual_seed(0)
+    models = [net() for _ in range(n)]
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def member_loss(p, b, xb, yb):
+        return loss_fn(functional_call(base, (p, b), (xb,)), yb)
+
+    step_grads = vmap(grad_and_value(member_loss), in_dims=(0, 0, None, None))
+    optimizer = torch.optim.Adam(list(params.values()), lr=1e-3)
+    epoch_times = []
+    for _ in range(config["epochs"]):
+        t0 = time.perf_counter()
+        for s in range(0, len(x), 32):
+            grads, _ = step_grads(params, buffers, x[s : s + 32], y[s : s + 32])
+            for name, p in params.items():
+                p.grad = grads[name]
+            optimizer.step()
+        epoch_times.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "steady_rate": n * config["samples"] / epoch_times[-1],
+        "peak_rss_mib": _peak_rss_mib(),
+    }
+
+
+RUNNERS = {
+    "sequential": run_sequential,
+    "pool": run_pool,
+    "pack-graph": run_pack,
+    "pack-fused": run_pack,
+    "torch-vmap": run_torch_vmap,
+}
