@@ -1,0 +1,98 @@
+"""ParallelOracle: trials K at a time, no lock left held, no busy waiting on IDLE."""
+
+import threading
+import time
+
+import keras_tuner
+import pytest
+
+import keras_gpushare as kg
+
+
+def _oracle(tmp_path, inner, k=None):
+    oracle = kg.tuner.ParallelOracle(inner, parallel_trials=k)
+    oracle._set_project_dir(str(tmp_path), "oracle")
+    space = keras_tuner.HyperParameters()
+    space.Float("x", 0.0, 1.0)
+    oracle.update_space(space)
+    return oracle
+
+
+def test_hands_out_at_most_k_trials(tmp_path):
+    inner = keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=10, seed=1)
+    oracle = _oracle(tmp_path, inner, k=2)
+    statuses = [oracle.create_trial(f"t{i}").status for i in range(3)]
+    assert statuses == ["RUNNING", "RUNNING", "IDLE"]
+    assert len(oracle.ongoing_trials) == 2
+
+
+def test_lock_is_released_when_the_oracle_raises(tmp_path):
+    inner = keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=10, seed=1)
+    oracle = _oracle(tmp_path, inner)
+    trial = oracle.create_trial("t0")
+    with pytest.raises(ValueError, match="Objective value missing"):
+        oracle.update_trial(trial.trial_id, {"accuracy": 1.0})
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(t=oracle.create_trial("t1")))
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "create_trial from another thread hung on a leaked lock"
+    assert result["t"].status == "RUNNING"
+
+
+class _IdleWhileRunning(keras_tuner.oracles.RandomSearchOracle):
+    """Answers IDLE while any trial runs, like Hyperband between rounds; counts the asks."""
+
+    asks = 0
+
+    def populate_space(self, trial_id):
+        type(self).asks += 1
+        if self.ongoing_trials:
+            return {"status": "IDLE"}
+        return super().populate_space(trial_id)
+
+
+def test_wait_for_trial_sleeps_until_a_trial_ends(tmp_path):
+    oracle = _oracle(tmp_path, _IdleWhileRunning(objective="loss", max_trials=5, seed=1))
+    first = oracle.create_trial("t0")
+    got = {}
+
+    def ask():
+        got["trial"] = oracle.wait_for_trial("t1", timeout=10)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive()
+    asks_while_waiting = _IdleWhileRunning.asks
+    oracle.update_trial(first.trial_id, {"loss": 0.5})
+    first.status = "COMPLETED"
+    oracle.end_trial(first)
+    thread.join(5)
+    assert got["trial"].status == "RUNNING"
+    assert asks_while_waiting <= 3
+
+
+def test_end_trial_saves_state_without_the_ended_trial(tmp_path):
+    inner = keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=10, seed=1)
+    oracle = _oracle(tmp_path, inner)
+    trial = oracle.create_trial("t0")
+    oracle.update_trial(trial.trial_id, {"loss": 0.1})
+    trial.status = "COMPLETED"
+    oracle.end_trial(trial)
+    reloaded = kg.tuner.ParallelOracle(
+        keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=10, seed=1)
+    )
+    reloaded._set_project_dir(str(tmp_path), "oracle")
+    reloaded.reload()
+    assert reloaded.ongoing_trials == {}
+    assert reloaded._retry_queue == []
+    assert reloaded.get_trial(trial.trial_id).status == "COMPLETED"
+
+
+def test_rejects_what_is_not_an_oracle():
+    with pytest.raises(TypeError, match="expected a `keras_tuner.Oracle`"):
+        kg.tuner.ParallelOracle("random")
+    inner = keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=1)
+    with pytest.raises(ValueError, match="`parallel_trials`: got 0"):
+        kg.tuner.ParallelOracle(inner, parallel_trials=0)

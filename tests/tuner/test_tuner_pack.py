@@ -1,0 +1,145 @@
+"""ParallelTuner with executor="pack": real searches on tiny data."""
+
+import os
+
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+import tuner_helpers as th
+
+import keras_gpushare as kg
+
+
+def _search(tmp_path, name, oracle=None, build=th.build_mlp, callbacks=None, **kwargs):
+    tuner = kg.tuner.ParallelTuner(
+        build,
+        oracle=oracle,
+        parallel_trials=kwargs.pop("parallel_trials", 4),
+        directory=str(tmp_path),
+        project_name=name,
+        **kwargs,
+    )
+    x, y = th.data()
+    tuner.search(
+        x, y, epochs=3, validation_split=0.25, verbose=0, shuffle=False, callbacks=callbacks or []
+    )
+    return tuner
+
+
+def test_random_search_runs_every_trial_with_its_own_results(tmp_path):
+    tuner = _search(tmp_path, "random", objective="val_loss", max_trials=6, seed=3)
+    project = os.path.join(tmp_path, "random")
+    states = th.trial_states(project)
+    assert sorted(states) == [str(i) for i in range(6)]
+    assert all(status == "COMPLETED" for status, _ in states.values())
+    for trial_id in states:
+        trial_dir = os.path.join(project, f"trial_{trial_id}")
+        assert os.path.exists(os.path.join(trial_dir, "checkpoint.weights.h5"))
+        assert os.path.exists(os.path.join(trial_dir, "build_config.json"))
+        trial = tuner.oracle.get_trial(trial_id)
+        assert len(trial.metrics.get_history("val_loss")) == 3  # one report per epoch
+    assert sorted(th.oracle_state(project)["end_order"]) == sorted(states)
+    assert th.oracle_state(project)["ongoing_trials"] == {}
+    best = tuner.get_best_models(1)[0]
+    x, y = th.data()
+    best_trial = tuner.oracle.get_best_trials(1)[0]
+    assert best_trial.score == min(score for _, score in states.values())
+    # The checkpoint holds the best epoch's weights: evaluating it gives that val_loss.
+    val_loss = best.evaluate(x[96:], y[96:], verbose=0)[0]
+    np.testing.assert_allclose(val_loss, best_trial.score, rtol=1e-3)
+    assert tuner.get_best_hyperparameters(1)[0].values == best_trial.hyperparameters.values
+
+
+def test_hyperband_promotes_trials_from_their_parents_weights(tmp_path):
+    oracle = keras_tuner.oracles.HyperbandOracle(
+        objective="val_loss", max_epochs=3, factor=3, seed=2
+    )
+    tuner = _search(tmp_path, "hyperband", oracle=oracle)
+    trials = tuner.oracle.trials.values()
+    assert all(t.status == "COMPLETED" for t in trials)
+    promoted = [t for t in trials if "tuner/trial_id" in t.hyperparameters.values]
+    assert promoted, "Hyperband should have promoted at least one trial"
+    for trial in promoted:
+        epochs = trial.metrics.get_history("val_loss")
+        first = trial.hyperparameters.values["tuner/initial_epoch"]
+        assert [obs.step for obs in epochs][0] == first
+
+
+def test_pack_trial_matches_plain_keras_tuner(tmp_path):
+    x, y = th.data()
+    plain = keras_tuner.RandomSearch(
+        th.build_mlp,
+        objective="val_loss",
+        max_trials=3,
+        seed=7,
+        directory=str(tmp_path),
+        project_name="plain",
+    )
+    plain.search(x, y, epochs=3, validation_split=0.25, verbose=0, shuffle=False)
+    packed = _search(tmp_path, "packed", objective="val_loss", max_trials=3, seed=7, fuse=False)
+    for trial_id, trial in plain.oracle.trials.items():
+        twin = packed.oracle.get_trial(trial_id)
+        assert twin.hyperparameters.values == trial.hyperparameters.values
+        np.testing.assert_allclose(twin.score, trial.score, rtol=1e-4, atol=1e-5)
+
+
+def test_failing_trials_fail_alone_and_the_pack_completes(tmp_path):
+    hp = keras_tuner.HyperParameters()
+    hp.Choice("mode", ["ok", "raise", "diverge", "ok2"])
+    oracle = keras_tuner.oracles.GridSearchOracle(objective="val_loss", hyperparameters=hp)
+    tuner = _search(tmp_path, "failing", oracle=oracle, build=th.build_sometimes_broken)
+    by_mode = {t.hyperparameters["mode"]: t for t in tuner.oracle.trials.values()}
+    assert sorted(by_mode) == ["diverge", "ok", "ok2", "raise"]
+    assert by_mode["ok"].status == by_mode["ok2"].status == "COMPLETED"
+    assert by_mode["raise"].status == "FAILED"
+    assert "broken trial" in by_mode["raise"].message
+    assert by_mode["diverge"].status == "FAILED"
+    assert "Diverged" in by_mode["diverge"].message
+    assert np.isfinite(by_mode["ok"].score) and np.isfinite(by_mode["ok2"].score)
+
+
+class _StopWideModels(keras.callbacks.Callback):
+    """Stops a model with 8 hidden units after its first epoch."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        assert "val_loss" in logs and not any(k.startswith("m0_") for k in logs)
+        if self.model.layers[0].units == 8:
+            self.model.stop_training = True
+
+
+def test_a_callback_stops_only_its_own_trial(tmp_path):
+    tuner = _search(
+        tmp_path,
+        "stopping",
+        objective="val_loss",
+        max_trials=4,
+        seed=11,
+        callbacks=[_StopWideModels()],
+    )
+    epochs = {
+        t.hyperparameters["units"]: len(t.metrics.get_history("val_loss"))
+        for t in tuner.oracle.trials.values()
+    }
+    assert epochs == {4: 3, 8: 1}
+
+
+def test_invalid_arguments_raise_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="`executor`: got 'threads'"):
+        kg.tuner.ParallelTuner(th.build_mlp, objective="val_loss", executor="threads")
+    with pytest.raises(ValueError, match="`parallel_trials`: got 0"):
+        kg.tuner.ParallelTuner(th.build_mlp, objective="val_loss", parallel_trials=0)
+    oracle = keras_tuner.oracles.RandomSearchOracle(objective="val_loss", max_trials=2)
+    with pytest.raises(ValueError, match="together with `objective`"):
+        kg.tuner.ParallelTuner(th.build_mlp, oracle=oracle, objective="val_loss")
+
+    class WithFit(keras_tuner.HyperModel):
+        def build(self, hp):
+            return th.build_mlp(hp)
+
+        def fit(self, hp, model, *args, **kwargs):
+            return model.fit(*args, batch_size=hp.Choice("bs", [8, 16]), **kwargs)
+
+    with pytest.raises(ValueError, match="overrides `HyperModel.fit`"):
+        kg.tuner.ParallelTuner(WithFit(), objective="val_loss", directory=str(tmp_path))
+    assert not os.listdir(tmp_path)

@@ -1,0 +1,81 @@
+"""Hypermodels, data and a search script shared by the tuner tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import keras
+import numpy as np
+
+
+def data(n: int = 128, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    y = (x[:, :2].sum(axis=1, keepdims=True) > 0).astype("float32")
+    return x, y
+
+
+def build_mlp(hp) -> keras.Model:
+    """A tiny MLP; its weights depend only on the hyperparameters (seeded per trial)."""
+    units = hp.Choice("units", [4, 8])
+    lr = hp.Float("lr", 1e-3, 1e-1, sampling="log")
+    keras.utils.set_random_seed(units)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(units, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(lr), loss="binary_crossentropy", metrics=["accuracy"]
+    )
+    return model
+
+
+def build_sometimes_broken(hp) -> keras.Model:
+    """Like `build_mlp`, but `units=8` raises in build and a huge learning rate diverges."""
+    mode = hp.Choice("mode", ["ok", "raise", "diverge", "ok2"])
+    if mode == "raise":
+        raise ValueError("broken trial")
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)]
+    )
+    lr = 1e9 if mode == "diverge" else 0.01
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    return model
+
+
+class KillSelf(keras.callbacks.Callback):
+    """SIGKILLs its own process at the end of epoch `epoch`, once (a marker file remembers)."""
+
+    def __init__(self, marker: str, epoch: int = 0) -> None:
+        super().__init__()
+        self.marker = marker
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def trial_states(project_dir: str) -> dict:
+    """trial id -> (status, score) read from the project's trial files."""
+    states = {}
+    for name in sorted(os.listdir(project_dir)):
+        path = os.path.join(project_dir, name, "trial.json")
+        if name.startswith("trial_") and os.path.exists(path):
+            with open(path) as f:
+                state = json.load(f)
+            states[state["trial_id"]] = (state["status"], state["score"])
+    return states
+
+
+def oracle_state(project_dir: str) -> dict:
+    with open(os.path.join(project_dir, "oracle.json")) as f:
+        return json.load(f)
