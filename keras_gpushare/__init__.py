@@ -11,7 +11,7 @@ import logging
 
 import keras
 
-from keras_gpushare import callbacks
+from keras_gpushare import callbacks, tuner
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.pack.fusion import register_fused_layer
 
@@ -36,6 +36,7 @@ __all__ = [
     "share_gpu",
     "split_model",
     "stage",
+    "tuner",
 ]
 
 
