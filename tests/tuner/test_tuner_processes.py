@@ -1,0 +1,101 @@
+"""ParallelTuner with executor="processes": workers, restarts, and a second launch joining."""
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+
+import keras_tuner
+import tuner_helpers as th
+
+import keras_gpushare as kg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "tuner_search_script.py")
+
+
+def _search(tmp_path, name, oracle=None, callbacks=None, **kwargs):
+    tuner = kg.tuner.ParallelTuner(
+        th.build_mlp,
+        oracle=oracle,
+        executor="processes",
+        parallel_trials=2,
+        directory=str(tmp_path),
+        project_name=name,
+        **kwargs,
+    )
+    x, y = th.data()
+    tuner.search(x, y, epochs=2, validation_split=0.25, verbose=0, callbacks=callbacks or [])
+    return tuner
+
+
+def test_random_search_in_worker_processes(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
+        tuner = _search(tmp_path, "random", objective="val_loss", max_trials=4, seed=3)
+    project = os.path.join(tmp_path, "random")
+    states = th.trial_states(project)
+    assert sorted(states) == ["0", "1", "2", "3"]
+    assert all(status == "COMPLETED" for status, _ in states.values())
+    assert {"worker0.json", "worker1.json"} <= set(os.listdir(project))
+    finished = [r.getMessage() for r in caplog.records if "COMPLETED in" in r.getMessage()]
+    assert len(finished) == 4 and all("'units'" in line for line in finished)
+    assert tuner.get_best_models(1)[0].count_params() > 0
+
+
+def test_hyperband_in_worker_processes(tmp_path):
+    oracle = keras_tuner.oracles.HyperbandOracle(
+        objective="val_loss", max_epochs=2, factor=2, seed=2
+    )
+    tuner = _search(tmp_path, "hyperband", oracle=oracle)
+    trials = list(tuner.oracle.trials.values())
+    assert len(trials) >= 3
+    assert all(t.status == "COMPLETED" for t in trials)
+    assert any("tuner/trial_id" in t.hyperparameters.values for t in trials)
+
+
+def test_a_worker_killed_mid_trial_is_restarted_and_its_trial_rerun(tmp_path, caplog):
+    marker = str(tmp_path / "kill-marker")
+    with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
+        tuner = _search(
+            tmp_path,
+            "killed",
+            objective="val_loss",
+            max_trials=3,
+            seed=4,
+            callbacks=[th.KillSelf(marker, epoch=0)],
+        )
+    assert os.path.exists(marker)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "killed by signal 9" in messages and "will run again" in messages
+    trials = tuner.oracle.trials
+    assert sorted(trials) == ["0", "1", "2"]
+    assert all(t.status == "COMPLETED" for t in trials.values())
+    assert sorted(tuner.oracle.end_order) == ["0", "1", "2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_second_launch_joins_the_chief_as_a_worker(tmp_path):
+    port = str(_free_port())
+    base = {**os.environ, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": port}
+    base["PYTHONPATH"] = os.pathsep.join([HERE, base.get("PYTHONPATH", "")])
+    args = [sys.executable, SCRIPT, str(tmp_path), "processes", "6", "1"]
+    chief = subprocess.Popen(args, env={**base, "KERASTUNER_TUNER_ID": "chief"})
+    remote = subprocess.Popen(args, env={**base, "KERASTUNER_TUNER_ID": "machine2-worker0"})
+    try:
+        assert chief.wait(timeout=150) == 0
+        assert remote.wait(timeout=30) == 0
+    finally:
+        for process in (chief, remote):
+            if process.poll() is None:
+                process.kill()
+    project = os.path.join(tmp_path, "search")
+    states = th.trial_states(project)
+    assert sorted(states) == [str(i) for i in range(6)]
+    assert all(status == "COMPLETED" for status, _ in states.values())
+    assert {"chief.json", "worker0.json", "machine2-worker0.json"} <= set(os.listdir(project))

@@ -1,0 +1,63 @@
+"""A search SIGKILLed at several moments resumes to exactly max_trials trials, each run once."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import tuner_helpers as th
+
+import keras_gpushare as kg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "tuner_search_script.py")
+MAX_TRIALS = 6
+
+
+def _completed_files(project: str) -> dict:
+    files = {}
+    for trial_id, (status, _) in th.trial_states(project).items():
+        if status == "COMPLETED":
+            with open(os.path.join(project, f"trial_{trial_id}", "trial.json")) as f:
+                files[trial_id] = f.read()
+    return files
+
+
+@pytest.mark.parametrize("point", ["fit", "ended", "created", "mid-write"])
+def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, point):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    killed = subprocess.run(
+        [sys.executable, SCRIPT, str(tmp_path), "pack", str(MAX_TRIALS), "2", point],
+        env=env,
+        timeout=120,
+        capture_output=True,
+    )
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    project = os.path.join(tmp_path, "search")
+    done_before = _completed_files(project)
+    assert len(done_before) < MAX_TRIALS
+
+    tuner = kg.tuner.ParallelTuner(
+        th.build_mlp,
+        objective="val_loss",
+        max_trials=MAX_TRIALS,
+        parallel_trials=2,
+        seed=5,
+        directory=str(tmp_path),
+        project_name="search",
+    )
+    x, y = th.data()
+    tuner.search(x, y, epochs=3, validation_split=0.25, verbose=0)
+
+    states = th.trial_states(project)
+    assert sorted(states) == [str(i) for i in range(MAX_TRIALS)]
+    assert all(status == "COMPLETED" for status, _ in states.values())
+    oracle = th.oracle_state(project)
+    assert sorted(oracle["end_order"]) == sorted(states)  # each trial ended exactly once
+    assert all(oracle["run_times"][t] == 1 for t in states)
+    assert oracle["ongoing_trials"] == {} and oracle["retry_queue"] == []
+    # Trials finished before the kill were not run again: their files are untouched.
+    after = _completed_files(project)
+    for trial_id, text in done_before.items():
+        assert json.loads(after[trial_id]) == json.loads(text)
