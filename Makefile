@@ -25,7 +25,7 @@ $(VENV)/.bench: $(VENV)/.base
 	touch $@
 
 demo: $(VENV)/.base
-	$(VENV)/bin/keras-gpushare bench --quick
+	$(VENV)/bin/keras-gpushare bench --quick --suggest
 
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
@@ -36,7 +36,7 @@ bench: $(VENV)/.bench
 	$(PY) benchmarks/pack_vs_baselines.py
 
 docs: $(VENV)/.docs
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .

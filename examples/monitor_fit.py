@@ -41,9 +41,11 @@ def main():
     # The advice line and the device mapping are logged at INFO.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     UtilizationLogger = import_utilization_logger()
+    quick = os.environ.get("KERAS_GPUSHARE_QUICK") == "1"  # the test suite's short run
+    rows, epochs = (512, 1) if quick else (8192, 3)
 
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(8192, 64)).astype("float32")
+    x = rng.normal(size=(rows, 64)).astype("float32")
     y = (x[:, :8].sum(axis=1, keepdims=True) > 0).astype("float32")
     model = keras.Sequential(
         [
@@ -61,14 +63,14 @@ def main():
         x,
         y,
         batch_size=128,
-        epochs=3,
+        epochs=epochs,
         callbacks=[util, keras.callbacks.CSVLogger(csv_path)],  # the logger comes first
         verbose=2,
     )
 
     print(f"\nbackend: {keras.backend.backend()}; devices: {util.monitored_devices or 'none'}")
     keys = [k for k in history.history if k.startswith(("gpu", "proc_", "cpu_", "host_"))]
-    print(f"{'figure':<22}" + "".join(f"{'epoch ' + str(e):>12}" for e in range(3)))
+    print(f"{'figure':<22}" + "".join(f"{'epoch ' + str(e):>12}" for e in range(epochs)))
     for key in keys:
         cells = "".join(
             f"{'nan' if math.isnan(v) else f'{v:.1f}':>12}" for v in history.history[key]

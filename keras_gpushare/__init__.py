@@ -12,6 +12,7 @@ import logging
 import keras
 
 from keras_gpushare import callbacks, tuner
+from keras_gpushare.autopack import find_pack_size
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.pack.fusion import register_fused_layer
 
@@ -32,6 +33,7 @@ __all__ = [
     "PlacedModel",
     "Plan",
     "callbacks",
+    "find_pack_size",
     "register_fused_layer",
     "share_gpu",
     "split_model",

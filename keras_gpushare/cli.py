@@ -33,6 +33,17 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="members of widths 16/32/48/64 (mixed) or all the seeds' 64 (same)",
     )
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="also write throughput vs members, one line per method, as a PNG (needs matplotlib)",
+    )
+    p.add_argument(
+        "--suggest",
+        action="store_true",
+        help="then suggest a pack size for this machine (find_pack_size on the seeds' MLP)",
+    )
     p.set_defaults(func=_run_bench)
 
 
@@ -47,9 +58,40 @@ def _run_bench(args: argparse.Namespace) -> int:
         methods=args.methods,
         architecture=args.architecture,
     )
-    report = run_pack_benchmark(config)
+    if args.plot:
+        from keras_gpushare._bench import plot
+
+        plot.check_plot_path(args.plot)
+        report, results = plot.run_with_results(config)
+        plot.plot_throughput(results, args.plot)
+    else:
+        report = run_pack_benchmark(config)
     print(report)
+    if args.plot:
+        print(f"plot: {args.plot}")
+    if args.suggest:
+        _suggest_pack_size()
     return 0
+
+
+def _suggest_pack_size() -> None:
+    import keras_gpushare as kg
+    from keras_gpushare._bench import workload
+
+    print("\nSuggested pack size for this machine (find_pack_size, seeds' MLP, batch 32):")
+    x, y = workload.make_data(2048)
+    result = kg.find_pack_size(
+        lambda i: workload.build_mlp(64, seed=i),
+        x,
+        y,
+        batch_size=32,
+        max_members=64,
+        time_budget_s=30,
+        compile_kwargs={"optimizer": "adam", "loss": "binary_crossentropy"},
+        progress=_print_measurement,
+    )
+    print()
+    print(result)
 
 
 def _add_monitor(subparsers: argparse._SubParsersAction) -> None:
@@ -153,6 +195,82 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_autopack(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "autopack",
+        help="find how many copies of a model to train at once (find_pack_size)",
+        description=(
+            "Imports BUILD_FN from MODULE (a module name, or a path ending in .py), trains "
+            "short ModelPacks of 1, 2, 4, ... of its models on random data of --input-shape, "
+            "and prints throughput, memory and GPU utilization per size and the suggested "
+            "pack size. Example: keras-gpushare autopack mymodels:build --input-shape 10"
+        ),
+    )
+    p.add_argument("builder", metavar="MODULE:BUILD_FN", help="e.g. mypkg.models:build_model")
+    p.add_argument("--input-shape", required=True, help="one sample's shape, e.g. 10 or 28,28,1")
+    p.add_argument("--batch-size", type=_positive_int, default=32, help="batch size (32)")
+    p.add_argument(
+        "--samples", type=_positive_int, default=2048, help="random training rows (2048)"
+    )
+    p.add_argument(
+        "--loss",
+        default="mse",
+        help="loss; random targets follow it (sparse_categorical_crossentropy: class ids)",
+    )
+    p.add_argument("--optimizer", default="adam", help="optimizer name (adam)")
+    p.add_argument(
+        "--max-members", type=_positive_int, default=256, help="largest pack to try (256)"
+    )
+    p.add_argument(
+        "--memory-fraction",
+        type=_positive_float,
+        default=0.9,
+        help="share of the device memory a pack may use (0.9)",
+    )
+    p.add_argument(
+        "--time-budget", type=_positive_float, default=60.0, help="seconds for the search (60)"
+    )
+    p.set_defaults(func=_run_autopack)
+
+
+def _run_autopack(args: argparse.Namespace) -> int:
+    from keras_gpushare import _autopack_cli
+
+    build_fn = _autopack_cli.load_builder(args.builder)
+    shape = _autopack_cli.parse_shape(args.input_shape)
+    if args.batch_size > args.samples:
+        raise ValueError(
+            f"Invalid value for --batch-size: got {args.batch_size} for --samples "
+            f"{args.samples}. Pass a batch size of at most the number of samples."
+        )
+    import keras_gpushare as kg
+
+    x, y = _autopack_cli.random_data(build_fn, shape, args.samples, args.loss)
+    print(f"keras-gpushare autopack: {args.builder}, input {shape}, batch {args.batch_size}")
+    result = kg.find_pack_size(
+        build_fn,
+        x,
+        y,
+        batch_size=args.batch_size,
+        max_members=args.max_members,
+        memory_fraction=args.memory_fraction,
+        time_budget_s=args.time_budget,
+        compile_kwargs={"optimizer": args.optimizer, "loss": args.loss},
+        progress=_print_measurement,
+    )
+    print()
+    print(result)
+    return 0
+
+
+def _print_measurement(row) -> None:
+    if row.status == "ok":
+        text = f"{row.samples_per_s:,.0f} model-samples/s on the {row.engine} engine"
+    else:
+        text = row.status.replace("_", " ") + (f" ({row.error})" if row.error else "")
+    print(f"  {row.members:>4} members: {text}, {row.seconds:.1f} s", flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of the `keras-gpushare` command."""
     parser = argparse.ArgumentParser(
@@ -164,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(subparsers)
     _add_monitor(subparsers)
     _add_plan(subparsers)
+    _add_autopack(subparsers)
     return parser
 
 

@@ -1,0 +1,42 @@
+"""Every script in examples/ runs, in its quick mode, so the examples never rot.
+
+Each `examples/*.py` runs as its own process with `KERAS_GPUSHARE_QUICK=1` in the
+environment; an example reads it to train on little data for one epoch. New examples are
+found automatically.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+QUICK_ENV = "KERAS_GPUSHARE_QUICK"
+TIMEOUT_S = 60
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs_in_quick_mode(script):
+    env = dict(os.environ, **{QUICK_ENV: "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    env.pop("KERAS_BACKEND", None)  # each example runs on the backend it chooses
+    try:
+        result = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"{script.name} ran longer than {TIMEOUT_S} s with {QUICK_ENV}=1: make its quick "
+            "mode smaller (little data, one epoch)."
+        )
+    assert result.returncode == 0, (
+        f"{script.name} failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n"
+        f"{result.stderr[-3000:]}"
+    )
