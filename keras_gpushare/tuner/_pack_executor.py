@@ -67,17 +67,21 @@ def _batch_size(run: TrialRun, fit_kwargs: dict) -> Any:
 
 
 def _architecture(model: keras.Model) -> tuple:
-    return tuple(
-        (type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights))
-        for layer in model._flatten_layers(include_self=False)
-    )
+    """Layer types, configurations (names aside) and weight shapes: what fusion needs equal."""
+    signature = []
+    for layer in model._flatten_layers(include_self=False):
+        config = {k: v for k, v in layer.get_config().items() if k != "name"}
+        shapes = tuple(tuple(w.shape) for w in layer.weights)
+        signature.append((type(layer).__name__, repr(sorted(config.items())), shapes))
+    return tuple(signature)
 
 
 def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[TrialRun]]:
     """Packs: by batch size and start epoch; with fusion, same architectures together.
 
-    Two or more trials of one architecture make a pack that can be fused; trials whose
-    architecture no other trial shares train together in one pack on the graph engine.
+    Two or more trials of one architecture (same layers and layer settings; weights and
+    optimizer settings may differ) make a pack that can be fused; trials whose architecture
+    no other trial shares train together in one pack on the graph engine.
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
