@@ -31,6 +31,9 @@ class BenchConfig:
         architecture: `"mixed"` (first hidden widths 16/32/48/64 in turn) or `"same"`
             (all 64, the seeds' model; needed by the fused engine and the torch peer).
             Defaults to `"mixed"`.
+        sequential_at_most: train at most this many members sequentially and scale the
+            time to all of them (sequential fits cost the same per member). Defaults to
+            `None` (train them all).
     """
 
     members: tuple[int, ...] = (1, 4, 16)
@@ -38,6 +41,7 @@ class BenchConfig:
     epochs: int = 2
     methods: tuple[str, ...] = ("sequential", "pool", "pack-graph", "pack-fused")
     architecture: str = "mixed"
+    sequential_at_most: int | None = None
 
     @classmethod
     def quick(cls) -> BenchConfig:
@@ -56,6 +60,7 @@ class BenchConfig:
         epochs: int | None = None,
         methods: str | None = None,
         architecture: str | None = None,
+        sequential_at_most: int | None = None,
     ) -> BenchConfig:
         """Returns a copy with the command line's choices applied (None keeps a field)."""
         changes: dict[str, Any] = {}
@@ -81,6 +86,8 @@ class BenchConfig:
                     'or "same".'
                 )
             changes["architecture"] = architecture
+        if sequential_at_most is not None:
+            changes["sequential_at_most"] = _positive(sequential_at_most, "--sequential-at-most")
         return dataclasses.replace(self, **changes)
 
     def widths(self, n: int) -> list[int]:
@@ -118,6 +125,8 @@ def _runs(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
             elif method == "torch-vmap":
                 if importlib.util.find_spec("torch") is not None:
                     runs.append((method, n, {**base, "widths": [64] * n}))
+            elif method == "sequential":
+                runs.append((method, n, {**base, "run_at_most": config.sequential_at_most}))
             else:
                 runs.append((method, n, {**base, "fuse": method == "pack-fused"}))
     return runs
@@ -145,15 +154,29 @@ def run_pack_benchmark(config: BenchConfig) -> str:
 
 
 def _device_line() -> str:
-    gpus = []
-    try:
+    import keras
+
+    backend = keras.backend.backend()
+    gpus: list = []
+    if backend == "tensorflow":
         import tensorflow as tf
 
-        gpus = tf.config.list_physical_devices("GPU")
-    except ImportError:
-        pass
-    where = f"{len(gpus)} GPU(s)" if gpus else "CPU only (no GPU found: TensorFlow runs on the CPU)"
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {where}"
+        gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    elif backend == "jax":
+        import jax
+
+        gpus = [d.device_kind for d in jax.devices() if d.platform == "gpu"]
+    elif backend == "torch":
+        import torch
+
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    where = (
+        f"{len(gpus)} GPU(s): {', '.join(sorted(set(gpus)))}"
+        if gpus
+        else f"CPU only (no GPU found: {backend} runs on the CPU)"
+    )
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, {where}; Keras {keras.__version__} on {backend}"
 
 
 def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, Any]]]) -> str:
@@ -175,9 +198,10 @@ def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, A
         base = sequential.get(n)
         wall_ratio = f"{base['wall_s'] / r['wall_s']:.2f}" if base else "-"
         rate_ratio = f"{r['steady_rate'] / base['steady_rate']:.2f}" if base else "-"
+        note = f"  ({r['note']})" if r.get("note") else ""
         lines.append(
             f"{n:>4}  {method:<12} {r['wall_s']:>12.1f} {wall_ratio:>7} "
-            f"{r['steady_rate']:>23,.0f} {rate_ratio:>7} {r['peak_rss_mib']:>13,.0f}"
+            f"{r['steady_rate']:>23,.0f} {rate_ratio:>7} {r['peak_rss_mib']:>13,.0f}{note}"
         )
     lines.append("")
     lines.append("x seq: how many times faster than sequential fits (higher is better).")

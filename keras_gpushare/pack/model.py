@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 _FUSE_VALUES = ("auto", True, False)
 _ON_NAN_VALUES = ("freeze", "ignore")
-_DEFAULT_STEPS_PER_EXECUTION = 16
+_DEFAULT_STEPS_PER_EXECUTION = {"graph": 16, "fused": 64}
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -108,6 +108,8 @@ class ModelPack(keras.Model):
         self._fusion_report = report
         if engine == "fused":
             self._fused = build_fused_model(members)
+            self._loss_state = fused_lib.StackedMean(len(members), name="member_loss")
+            self._metric_states: dict[str, fused_lib.StackedMean] = {}
         else:
             self._tracked_members = members
         self._status = self.add_weight(
@@ -118,6 +120,7 @@ class ModelPack(keras.Model):
             trainable=False,
         )
         self._member_compile_args: dict[str, Any] | None = None
+        self._shared_loss = None
         if all(m.built for m in members):
             self.built = True
         logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), engine)
@@ -253,8 +256,9 @@ class ModelPack(keras.Model):
                 (`[["mae"], ["mse"]]`). Defaults to `None`.
             weighted_metrics: as `metrics`, weighted by sample weights. Defaults to `None`.
             run_eagerly: run steps eagerly (debugging). Defaults to `False`.
-            steps_per_execution: batches per compiled call; `"auto"` picks 16, which hides
-                Python overhead for small models. Defaults to `"auto"`.
+            steps_per_execution: batches per compiled call; `"auto"` picks 64 on the fused
+                engine and 16 on the graph engine (measured best for small members on
+                CPU), which hides Keras's per-call overhead. Defaults to `"auto"`.
             jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
                 layers support XLA (also on CPU, where plain Keras leaves it off), and leaves
                 the graph engine to Keras's rule (XLA with a GPU only: on CPU, compiling N
@@ -289,7 +293,7 @@ class ModelPack(keras.Model):
                 auto_scale_loss=auto_scale_loss,
             )
         if steps_per_execution == "auto":
-            steps_per_execution = _DEFAULT_STEPS_PER_EXECUTION
+            steps_per_execution = _DEFAULT_STEPS_PER_EXECUTION[self._engine]
         pack_optimizer = None
         if self._engine == "fused":
             pack_optimizer = self._vectorized_optimizer(optimizers)
@@ -316,6 +320,7 @@ class ModelPack(keras.Model):
             "jit_compile": jit_compile,
             "auto_scale_loss": auto_scale_loss,
         }
+        self._shared_loss = fused_lib.shared_loss(self) if self._engine == "fused" else None
         if self.built and all(m.built for m in self._members):
             self._build_member_state()
 
@@ -371,6 +376,10 @@ class ModelPack(keras.Model):
 
     @property
     def metrics(self) -> list:
+        if self._engine == "fused":
+            result = [self._loss_state, *self._metric_states.values()]
+            result += [m._compile_metrics for m in self._members if m._compile_metrics is not None]
+            return result
         result = []
         for member in self._members:
             result.extend(member.metrics)

@@ -1,0 +1,60 @@
+"""ModelPack against its baselines on the seeds' workload, measured in one run.
+
+Methods: sequential `fit`s (the baseline), the seeds' process pool (2 and N processes),
+ModelPack on the graph and fused engines, and a `torch.func` vmap ensemble when PyTorch is
+installed. Every measurement runs in a fresh process; the report gives end-to-end time,
+steady-state aggregate model-samples/s and peak RSS, with ratios against sequential fits.
+
+    python benchmarks/pack_vs_baselines.py                       # issue targets, CPU
+    python benchmarks/pack_vs_baselines.py --suite fused         # N=64 seeds' MLPs, torch peer
+    python benchmarks/pack_vs_baselines.py --suite cnn           # small CNN, fused vs graph
+    KERAS_BACKEND=jax python benchmarks/pack_vs_baselines.py --members 1,16,64,256 \\
+        --methods sequential,pack-fused,torch-vmap --architecture same --sequential-at-most 16
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from keras_gpushare._bench.cnn import run_cnn_benchmark  # noqa: E402
+from keras_gpushare._bench.pack import BenchConfig, run_pack_benchmark  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("pack", "fused", "cnn"), default="pack")
+    parser.add_argument("--members", default=None, help="comma-separated member counts")
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--methods", default=None)
+    parser.add_argument("--architecture", choices=("mixed", "same"), default=None)
+    parser.add_argument("--sequential-at-most", type=int, default=None)
+    args = parser.parse_args()
+    if args.suite == "cnn":
+        print(run_cnn_benchmark(members=int(args.members or 16)))
+        return 0
+    if args.suite == "fused":
+        config = BenchConfig(
+            members=(1, 16, 64),
+            methods=("sequential", "pack-graph", "pack-fused", "torch-vmap"),
+            architecture="same",
+            sequential_at_most=16,
+        )
+    else:
+        config = BenchConfig.full()
+    config = config.with_overrides(
+        members=args.members,
+        samples=args.samples,
+        epochs=args.epochs,
+        methods=args.methods,
+        architecture=args.architecture,
+        sequential_at_most=args.sequential_at_most,
+    )
+    print(run_pack_benchmark(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
