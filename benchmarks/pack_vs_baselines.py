@@ -5,7 +5,8 @@ ModelPack on the graph and fused engines, and a `torch.func` vmap ensemble when 
 installed. Every measurement runs in a fresh process; the report gives end-to-end time,
 steady-state aggregate model-samples/s and peak RSS, with ratios against sequential fits.
 
-    python benchmarks/pack_vs_baselines.py                       # issue targets, CPU
+    python benchmarks/pack_vs_baselines.py                       # seeds' model, N=1,4,16
+    python benchmarks/pack_vs_baselines.py --architecture mixed  # widths 16/32/48/64
     python benchmarks/pack_vs_baselines.py --suite fused         # N=64 seeds' MLPs, torch peer
     python benchmarks/pack_vs_baselines.py --suite cnn           # small CNN, fused vs graph
     KERAS_BACKEND=jax python benchmarks/pack_vs_baselines.py --members 1,16,64,256 \\
@@ -19,7 +20,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from keras_gpushare._bench.cnn import run_cnn_benchmark  # noqa: E402
-from keras_gpushare._bench.pack import BenchConfig, run_pack_benchmark  # noqa: E402
+from keras_gpushare._bench.pack import (  # noqa: E402
+    BenchConfig,
+    format_report,
+    run_pack_benchmark,
+)
 
 
 def main() -> int:
@@ -39,7 +44,6 @@ def main() -> int:
         config = BenchConfig(
             members=(1, 16, 64),
             methods=("sequential", "pack-graph", "pack-fused", "torch-vmap"),
-            architecture="same",
             sequential_at_most=16,
         )
     else:
@@ -52,7 +56,7 @@ def main() -> int:
         architecture=args.architecture,
         sequential_at_most=args.sequential_at_most,
     )
-    print(run_pack_benchmark(config))
+    print(format_report(config, run_pack_benchmark(config)))
     return 0
 
 

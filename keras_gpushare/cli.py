@@ -48,7 +48,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from keras_gpushare._bench.pack import BenchConfig, run_pack_benchmark
+    from keras_gpushare._bench.pack import BenchConfig, format_report, run_pack_benchmark
 
     config = BenchConfig.quick() if args.quick else BenchConfig.full()
     config = config.with_overrides(
@@ -62,11 +62,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from keras_gpushare._bench import plot
 
         plot.check_plot_path(args.plot)
-        report, results = plot.run_with_results(config)
+    results = run_pack_benchmark(config)
+    if args.plot:
         plot.plot_throughput(results, args.plot)
-    else:
-        report = run_pack_benchmark(config)
-    print(report)
+    print(format_report(config, results))
     if args.plot:
         print(f"plot: {args.plot}")
     if args.suggest:

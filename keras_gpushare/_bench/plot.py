@@ -12,8 +12,6 @@ import os
 import re
 from typing import Any
 
-from keras_gpushare._bench import pack as bench_pack
-
 logger = logging.getLogger(__name__)
 
 Results = list[tuple[str, int, dict[str, Any]]]
@@ -42,16 +40,6 @@ def check_plot_path(path: str) -> None:
         raise ValueError(
             f"Invalid value for --plot: got {path!r}, but the folder {folder} does not exist."
         )
-
-
-def run_with_results(config: bench_pack.BenchConfig) -> tuple[str, Results]:
-    """Runs the benchmark as `run_pack_benchmark` does; returns the report and the results."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    results = []
-    for method, n, run_config in bench_pack._runs(config):
-        logger.info("bench: %s with %d members", method, n)
-        results.append((method, n, bench_pack._run_isolated(method, run_config)))
-    return bench_pack.format_report(config, results), results
 
 
 def series(results: Results) -> dict[str, list[tuple[int, float]]]:
