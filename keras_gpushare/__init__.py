@@ -3,7 +3,8 @@
 `ModelPack`, the callbacks and the fused engine work on every Keras backend. Placement
 (`stage`, `PlacedModel`, `split_model`, `Plan`) and `share_gpu` are TensorFlow's: they are
 imported with the package when Keras runs on TensorFlow, and on first use otherwise (where
-they raise a clear ImportError if TensorFlow is missing).
+they raise a clear ImportError if TensorFlow is missing). `tuner` (KerasTuner) is imported
+on first use.
 """
 
 import importlib
@@ -11,7 +12,7 @@ import logging
 
 import keras
 
-from keras_gpushare import callbacks, tuner
+from keras_gpushare import callbacks
 from keras_gpushare.autopack import find_pack_size
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.pack.fusion import register_fused_layer
@@ -43,9 +44,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    if name not in _TENSORFLOW_ONLY:
+    if name == "tuner":
+        value = importlib.import_module("keras_gpushare.tuner")
+    elif name in _TENSORFLOW_ONLY:
+        value = getattr(importlib.import_module(_TENSORFLOW_ONLY[name]), name)
+    else:
         raise AttributeError(f"module 'keras_gpushare' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_TENSORFLOW_ONLY[name]), name)
     globals()[name] = value
     return value
 
