@@ -113,23 +113,6 @@ def _real_nvml_works() -> bool:
         pynvml.nvmlShutdown()
 
 
-def _import_utilization_logger():
-    try:
-        from keras_gpushare.monitor import UtilizationLogger
-    except ModuleNotFoundError as e:
-        if e.name != "tensorflow":
-            raise
-        # keras_gpushare/__init__.py imports TensorFlow-only parts; the monitor needs none.
-        import importlib.util
-
-        spec = importlib.util.find_spec("keras_gpushare")
-        package = types.ModuleType("keras_gpushare")
-        package.__path__ = list(spec.submodule_search_locations)
-        sys.modules["keras_gpushare"] = package
-        from keras_gpushare.monitor.callback import UtilizationLogger
-    return UtilizationLogger
-
-
 class _EpochTimer:
     """Times epochs 1.. and reads the sampler thread's CPU time (a Keras callback)."""
 
@@ -260,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import keras
 
-    utilization_logger = _timed_logger_class(_import_utilization_logger())
+    from keras_gpushare.callbacks import UtilizationLogger
+
+    utilization_logger = _timed_logger_class(UtilizationLogger)
     print(f"backend {keras.backend.backend()}, NVML {nvml}", flush=True)
     width = args.width or _calibrate(args.step_ms, args.batch)
     model = _model(width)

@@ -11,36 +11,17 @@ writes host figures only. Works with any Keras backend:
 import logging
 import math
 import os
-import sys
 import tempfile
-import types
 
 import keras
 import numpy as np
 
-
-def import_utilization_logger():
-    """`from keras_gpushare.monitor import UtilizationLogger`, also without TensorFlow."""
-    try:
-        from keras_gpushare.monitor import UtilizationLogger
-    except ModuleNotFoundError as e:
-        if e.name != "tensorflow":
-            raise
-        # keras_gpushare/__init__.py imports TensorFlow-only parts; the monitor needs none.
-        import importlib.util
-
-        spec = importlib.util.find_spec("keras_gpushare")
-        package = types.ModuleType("keras_gpushare")
-        package.__path__ = list(spec.submodule_search_locations)
-        sys.modules["keras_gpushare"] = package
-        from keras_gpushare.monitor.callback import UtilizationLogger
-    return UtilizationLogger
+from keras_gpushare.callbacks import UtilizationLogger
 
 
 def main():
     # The advice line and the device mapping are logged at INFO.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    UtilizationLogger = import_utilization_logger()
     quick = os.environ.get("KERAS_GPUSHARE_QUICK") == "1"  # the test suite's short run
     rows, epochs = (512, 1) if quick else (8192, 3)
 
