@@ -77,11 +77,12 @@ def _architecture(model: keras.Model) -> tuple:
 
 
 def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[TrialRun]]:
-    """Packs: by batch size and start epoch; with fusion, same architectures together.
+    """Packs: by batch size and start epoch; with fusion, large same-architecture groups.
 
-    Two or more trials of one architecture (same layers and layer settings; weights and
-    optimizer settings may differ) make a pack that can be fused; trials whose architecture
-    no other trial shares train together in one pack on the graph engine.
+    Each `fit` costs a fixed tracing and compiling time, which dominates short trials, so
+    trials of one architecture (same layers and layer settings; weights and optimizer
+    settings may differ) get a pack of their own, which can be fused, only when they are
+    at least half of their group; all other trials train together in one pack.
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
@@ -98,7 +99,7 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
             by_arch[_architecture(run.model)].append(run)
         mixed = []
         for same in by_arch.values():
-            if len(same) > 1:
+            if len(same) > 1 and 2 * len(same) >= len(members):
                 groups.append(same)
             else:
                 mixed.extend(same)
@@ -126,7 +127,12 @@ def _compile_args(runs: list[TrialRun]) -> dict:
     loss_weights = {repr(config.get("loss_weights")) for config in configs}
     if len(loss_weights) > 1:
         raise ValueError("Trials with different `loss_weights` cannot train in one pack.")
+    # Compile the pack with XLA when the trials' own models would have been (Keras resolves
+    # `jit_compile="auto"` per model: on with a GPU, off on CPUs, where XLA's compile time
+    # outweighs its gain for trials of a few epochs).
+    jit = {bool(run.model.jit_compile) for run in runs}
     return {
+        "jit_compile": jit.pop() if len(jit) == 1 else "auto",
         "optimizer": per_member("optimizer"),
         "loss": per_member("loss"),
         "metrics": per_member("metrics"),
