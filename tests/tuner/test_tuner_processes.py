@@ -7,12 +7,15 @@ import subprocess
 import sys
 
 import keras_tuner
+import pytest
 import tuner_helpers as th
 
 import keras_gpushare as kg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "tuner_search_script.py")
+
+pytestmark = pytest.mark.timeout(120)
 
 
 def _search(tmp_path, name, oracle=None, callbacks=None, **kwargs):

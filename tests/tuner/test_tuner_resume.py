@@ -14,6 +14,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "tuner_search_script.py")
 MAX_TRIALS = 6
 
+pytestmark = pytest.mark.timeout(150)
+
 
 def _completed_files(project: str) -> dict:
     files = {}
@@ -24,11 +26,20 @@ def _completed_files(project: str) -> dict:
     return files
 
 
-@pytest.mark.parametrize("point", ["fit", "ended", "created", "mid-write"])
-def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, point):
+@pytest.mark.parametrize(
+    "point, executor",
+    [
+        ("fit", "pack"),
+        ("ended", "pack"),
+        ("created", "pack"),
+        ("mid-write", "pack"),
+        ("ended", "processes"),
+    ],
+)
+def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, point, executor):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
     killed = subprocess.run(
-        [sys.executable, SCRIPT, str(tmp_path), "pack", str(MAX_TRIALS), "2", point],
+        [sys.executable, SCRIPT, str(tmp_path), executor, str(MAX_TRIALS), "2", point],
         env=env,
         timeout=120,
         capture_output=True,
@@ -43,6 +54,7 @@ def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, poin
         objective="val_loss",
         max_trials=MAX_TRIALS,
         parallel_trials=2,
+        executor=executor,
         seed=5,
         directory=str(tmp_path),
         project_name="search",
