@@ -145,3 +145,14 @@ def test_invalid_arguments_raise_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="overrides `HyperModel.fit`"):
         kg.tuner.ParallelTuner(WithFit(), objective="val_loss", directory=str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+def test_a_pack_whose_fit_raises_retrains_its_trials_alone(tmp_path, caplog):
+    hp = keras_tuner.HyperParameters()
+    hp.Choice("mode", ["ok", "bad", "ok2"])
+    oracle = keras_tuner.oracles.GridSearchOracle(objective="val_loss", hyperparameters=hp)
+    tuner = _search(tmp_path, "wrong-input", oracle=oracle, build=th.build_wrong_input)
+    by_mode = {t.hyperparameters["mode"]: t for t in tuner.oracle.trials.values()}
+    assert by_mode["ok"].status == by_mode["ok2"].status == "COMPLETED"
+    assert by_mode["bad"].status == "FAILED"
+    assert "training each trial alone" in caplog.text

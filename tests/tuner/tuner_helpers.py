@@ -79,3 +79,14 @@ def trial_states(project_dir: str) -> dict:
 def oracle_state(project_dir: str) -> dict:
     with open(os.path.join(project_dir, "oracle.json")) as f:
         return json.load(f)
+
+
+def build_wrong_input(hp) -> keras.Model:
+    """`mode="bad"` builds a model for 7 features, so `fit` on the 6-feature data raises."""
+    mode = hp.Choice("mode", ["ok", "bad", "ok2"])
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential(
+        [keras.Input((7 if mode == "bad" else 6,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
