@@ -58,6 +58,18 @@ def split_outputs(outputs: Any, n: int) -> list:
     return [tree.map_structure(lambda t, i=i: t[i], outputs) for i in range(n)]
 
 
+def _stacked(y_pred: Any) -> Any:
+    """The stacked single output `(N, B, ...)` from a per-member list or the stacked output.
+
+    In training the pack passes the fused model's stacked output through untouched (a
+    tensor, never a list): N slices stacked back together would cost N full-size gradient
+    terms in the backward pass.
+    """
+    if isinstance(y_pred, list):
+        return ops.stack([tree.flatten(p)[0] for p in y_pred])
+    return tree.flatten(y_pred)[0]
+
+
 def _batch_size(x: Any) -> Any:
     return ops.shape(tree.flatten(x)[0])[0]
 
@@ -85,9 +97,9 @@ def shared_loss(pack: ModelPack) -> keras.losses.Loss | None:
     return loss
 
 
-def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: list, sample_weight: Any) -> Any:
+def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any) -> Any:
     """Every member's loss, shape (N,), from one call on the stacked predictions."""
-    stacked = ops.stack([tree.flatten(p)[0] for p in y_pred])
+    stacked = _stacked(y_pred)
     y = tree.flatten(y)[0]
     y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
     values = ops.cast(loss.call(y, stacked), "float32")
@@ -102,7 +114,7 @@ def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: list, sample_weight
     return ops.sum(values, axis=axes) / ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
 
 
-def _member_losses(pack: ModelPack, y: Any, y_pred: list, sample_weight: Any) -> Any:
+def _member_losses(pack: ModelPack, y: Any, y_pred: Any, sample_weight: Any) -> Any:
     members = pack._members
     n = len(members)
     per_member = data_lib.labels_per_member(y, n)
@@ -119,7 +131,7 @@ def _member_losses(pack: ModelPack, y: Any, y_pred: list, sample_weight: Any) ->
 
 
 def compute_loss(
-    pack: ModelPack, x: Any, y: Any, y_pred: list, sample_weight: Any, training: bool
+    pack: ModelPack, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
 ) -> Any:
     """The sum of the active members' losses (plus the stacked weights' regularization).
 
@@ -150,7 +162,7 @@ def compute_loss(
     return total
 
 
-def compute_metrics(pack: ModelPack, x: Any, y: Any, y_pred: list, sample_weight: Any) -> dict:
+def compute_metrics(pack: ModelPack, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict:
     """Updates every member's metrics and returns the pack's logs.
 
     Unweighted mean-of-a-function metrics (accuracy, MAE, ...) that every member has alike
@@ -225,8 +237,8 @@ def _shared_metrics(members: list) -> list | None:
     return shared
 
 
-def _update_shared_metrics(pack: ModelPack, shared: list, y: Any, y_pred: list) -> None:
-    stacked = ops.stack([tree.flatten(p)[0] for p in y_pred])
+def _update_shared_metrics(pack: ModelPack, shared: list, y: Any, y_pred: Any) -> None:
+    stacked = _stacked(y_pred)
     y = tree.flatten(y)[0]
     y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
     for column in shared:

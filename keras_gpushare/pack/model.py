@@ -221,6 +221,10 @@ class ModelPack(keras.Model):
     def call(self, inputs: Any, training: bool | None = None) -> list:
         if self._engine == "fused":
             outputs = self._fused(inputs, training=training)
+            if training and self._shared_loss is not None:
+                # One output, one loss: the training step reads the stacked output directly
+                # (see fused.py); anything else gets the members' outputs as a list.
+                return tree.flatten(outputs)[0]
             return fused_lib.split_outputs(outputs, len(self._members))
         return [
             member(data_lib.member_inputs(inputs, member), training=training)
@@ -555,6 +559,8 @@ def _choose_engine(members: list[keras.Model], fuse: str | bool, data: str) -> t
         report = "not fused: some members are not built yet; give them a keras.Input."
     elif data != "replicate":
         report = f'not fused: data="{data}" runs on the graph engine.'
+    elif len(members) == 1 and fuse == "auto" and keras.backend.backend() == "tensorflow":
+        report = "not fused: a single member has nothing to fuse with (fuse=True forces it)."
     else:
         report = fusion_report(members)
     fusable = not isinstance(report, str) and report.fusable

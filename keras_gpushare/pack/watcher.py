@@ -51,7 +51,13 @@ class StatusWatcher(keras.callbacks.Callback):
                 )
         self._seen = status
         if not any(c == ACTIVE for c in codes):
-            logger.warning("ModelPack: no member is training any more; ending fit.")
+            if any(c == FROZEN_NAN for c in codes):
+                logger.warning(
+                    "ModelPack: no member is training any more (%s); ending fit.",
+                    ", ".join(status),
+                )
+            else:
+                logger.info("ModelPack: every member has stopped; ending fit.")
             self.model.stop_training = True
 
 

@@ -29,6 +29,9 @@ class FusedLayer(keras.layers.Layer):
       handle replicated inputs more cheaply) and return stacked outputs.
     - `unsupported_reason(member_config)` (class method, optional): return a sentence
       saying why a configuration cannot be fused, or `None` when it can.
+    - `per_member_keys` (class attribute, optional): config keys whose values may differ
+      between members (a dropout rate, say). The converter then lets them differ and
+      passes every member's value in `member_config["per_member"][key]`, a list of N.
 
     Args:
         n_members: Number of members N fused in this layer.
@@ -58,6 +61,8 @@ class FusedLayer(keras.layers.Layer):
     ```
     """
 
+    per_member_keys = ()
+
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(**kwargs)
         self.n_members = int(n_members)
@@ -77,14 +82,19 @@ class FusedLayer(keras.layers.Layer):
         return [bool(self.input_stacked)] * count
 
     @classmethod
-    def from_member(cls, layer, n_members, input_stacked):
+    def from_member(cls, layer, n_members, input_stacked, member_layers=()):
         """Create the fused form of member 0's `layer` for `n_members` members.
 
+        `member_layers` (every member's layer) supplies the `per_member_keys` values.
         Override when the fused class needs more than `layer.get_config()`.
         """
+        config = layer.get_config()
+        if cls.per_member_keys and member_layers:
+            configs = [m.get_config() for m in member_layers]
+            config["per_member"] = {k: [c[k] for c in configs] for k in cls.per_member_keys}
         return cls(
             n_members=n_members,
-            member_config=layer.get_config(),
+            member_config=config,
             input_stacked=input_stacked,
             name=layer.name,
             trainable=layer.trainable,

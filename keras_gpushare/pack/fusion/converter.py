@@ -53,7 +53,7 @@ def member_graph(model):
     return MemberGraph(functional, nodes, layers, refs), None
 
 
-def comparable_config(config):
+def comparable_config(config, per_member_keys=()):
     """A layer config without the keys that may differ across fusable members.
 
     The dtype policy is compared by name: a policy read back from a `.keras` file may be
@@ -62,7 +62,9 @@ def comparable_config(config):
     result = {
         key: value
         for key, value in config.items()
-        if key not in _IGNORED_KEYS and not key.endswith("_initializer")
+        if key not in _IGNORED_KEYS
+        and key not in per_member_keys
+        and not key.endswith("_initializer")
     }
     if "dtype" in result:
         result["dtype"] = keras.DTypePolicy(_policy_name(result["dtype"])).name
@@ -111,9 +113,9 @@ def layer_problem(layer, node, members_nodes, members_graphs):
     reason = fused_class.unsupported_reason(config)
     if reason:
         return reason, fused_class
-    base = comparable_config(config)
+    base = comparable_config(config, fused_class.per_member_keys)
     for i, other in enumerate(members_nodes[1:], start=1):
-        other_config = comparable_config(other.operation.get_config())
+        other_config = comparable_config(other.operation.get_config(), fused_class.per_member_keys)
         if other_config != base:
             keys = sorted(
                 k for k in set(base) | set(other_config) if base.get(k) != other_config.get(k)
@@ -143,12 +145,16 @@ def layer_problem(layer, node, members_nodes, members_graphs):
     return None, fused_class
 
 
-def build_graph(graph, n_members, input_mode):
+def build_graph(graphs, n_members, input_mode):
     """Rebuild member 0's graph from fused layers; return the Functional model and a map.
+
+    `graphs` holds every member's graph (member 0's first); the others give the values of
+    the fused classes' `per_member_keys`.
 
     The map takes each fused layer's name to the position of the member layer it fuses
     in `MemberGraph.layers`.
     """
+    graph = graphs[0]
     functional = graph.functional
     stacked_inputs = input_mode == "stacked"
     tensors, stacked = {}, {}
@@ -169,7 +175,7 @@ def build_graph(graph, n_members, input_mode):
     for node in graph.nodes:
         uses[id(node.operation)] = uses.get(id(node.operation), 0) + 1
     fused_layers, layer_index = {}, {}
-    for node in graph.nodes:
+    for k, node in enumerate(graph.nodes):
         layer = node.operation
         if uses[id(layer)] > 1:
             for x in node.input_tensors:
@@ -183,7 +189,12 @@ def build_graph(graph, n_members, input_mode):
         fused = fused_layers.get(id(layer))
         if fused is None:
             fused_class = registry.fused_form(type(layer))
-            fused = fused_class.from_member(layer, n_members, flags if len(flags) > 1 else flags[0])
+            stacked_flags = flags if len(flags) > 1 else flags[0]
+            if fused_class.per_member_keys:
+                member_layers = [g.nodes[k].operation for g in graphs]
+                fused = fused_class.from_member(layer, n_members, stacked_flags, member_layers)
+            else:
+                fused = fused_class.from_member(layer, n_members, stacked_flags)
             fused_layers[id(layer)] = fused
             layer_index[fused.name] = graph.layers.index(layer)
         outputs = fused(*args, **kwargs)

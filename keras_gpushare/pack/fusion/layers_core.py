@@ -138,10 +138,12 @@ class FusedEmbedding(FusedLayer):
 @register_fused_layer(keras.layers.Dropout)
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class FusedDropout(FusedLayer):
-    """Dropout with an independent mask for every member.
+    """Dropout with an independent mask, and its own rate, for every member.
 
     The mask is drawn over the whole stacked `(N, B, ...)` tensor, so no two members
-    share it; a member `noise_shape` gets the member axis prepended.
+    share it; a member `noise_shape` gets the member axis prepended. Members may use
+    different rates (tuning the dropout rate is common): each keeps a unit with
+    probability `1 - rate_i` and scales it by `1 / (1 - rate_i)`, as Keras's `Dropout`.
 
     Args:
         n_members: Number of members. Defaults to none (required).
@@ -161,20 +163,32 @@ class FusedDropout(FusedLayer):
     ```
     """
 
+    per_member_keys = ("rate",)
+
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
-        self.rate = float(member_config["rate"])
+        rates = member_config.get("per_member", {}).get("rate")
+        self.rates = [float(r) for r in rates or [member_config["rate"]] * n_members]
         noise_shape = member_config.get("noise_shape")
         self.noise_shape = None if noise_shape is None else (n_members, *noise_shape)
         self.seed_generator = keras.random.SeedGenerator(member_config.get("seed"))
 
     def call(self, inputs, training=None):
         x = self.to_stacked(inputs)
-        if training and self.rate > 0:
+        if not training or not any(self.rates):
+            return x
+        if len(set(self.rates)) == 1:
             return keras.random.dropout(
-                x, self.rate, noise_shape=self.noise_shape, seed=self.seed_generator
+                x, self.rates[0], noise_shape=self.noise_shape, seed=self.seed_generator
             )
-        return x
+        shape = ops.shape(x)
+        if self.noise_shape is not None:
+            shape = [shape[i] if d is None else d for i, d in enumerate(self.noise_shape)]
+        keep = self.member_broadcast(
+            ops.convert_to_tensor([1.0 - r for r in self.rates], dtype=x.dtype), len(x.shape)
+        )
+        draw = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype)
+        return ops.where(draw < keep, x / ops.maximum(keep, 1e-12), ops.zeros_like(x))
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")

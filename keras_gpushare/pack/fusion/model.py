@@ -184,7 +184,7 @@ def build_fused_model(members: Sequence[keras.Model], input_mode: str = "replica
     report, graphs = inspect_members(members)
     if not report.fusable:
         raise ValueError(f"These members cannot be fused.\n{report}")
-    graph, layer_index = converter.build_graph(graphs[0], len(members), input_mode)
+    graph, layer_index = converter.build_graph(graphs, len(members), input_mode)
     fused = FusedModel(
         graph,
         n_members=len(members),
