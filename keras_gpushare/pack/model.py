@@ -357,9 +357,23 @@ class ModelPack(keras.Model):
         logger.info("ModelPack %s: %s", self.name, reason)
 
     def _members_support_jit(self) -> bool:
+        """Whether XLA pays for this fused pack.
+
+        Yes, except on TensorFlow on a CPU with convolutions or pooling, where XLA's CPU
+        backend is no faster than TensorFlow's own kernels and its compile time is lost
+        (measured on a 16-member small CNN: same steady throughput, 1.5x slower end to end).
+        """
         from keras.src.trainers.trainer import model_supports_jit
 
-        return keras.backend.backend() != "torch" and model_supports_jit(self._fused)
+        if keras.backend.backend() == "torch" or not model_supports_jit(self._fused):
+            return False
+        if keras.backend.backend() == "tensorflow" and not _has_gpu():
+            spatial = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
+            pooling = ("Pooling1D", "Pooling2D")
+            for layer in self._members[0].layers:
+                if isinstance(layer, spatial) or type(layer).__name__.endswith(pooling):
+                    return False
+        return True
 
     def get_compile_config(self) -> dict:
         if self._member_compile_args is None:
@@ -530,6 +544,12 @@ class ModelPack(keras.Model):
             fused_lib.set_member_weights(self, index, weights)
         else:
             self._members[index].set_weights(weights)
+
+
+def _has_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
 
 
 class _MemberList:
