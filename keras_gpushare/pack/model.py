@@ -479,7 +479,10 @@ class ModelPack(keras.Model):
             self._check_shardable(x)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks.append(StatusWatcher(list(callbacks)))
-        return super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+        history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+        if all(m.built for m in self._members):
+            self.built = True
+        return history
 
     def _check_shardable(self, x: Any) -> None:
         leaves = [] if x is None else tree.flatten(x)
@@ -526,12 +529,17 @@ class ModelPack(keras.Model):
             "data": self._data_mode,
             "fuse": self._fuse,
             "on_nan": self._on_nan,
+            "engine": self._engine,
         }
 
     @classmethod
     def from_config(cls, config: dict) -> ModelPack:
         config = dict(config)
         config["members"] = [keras.saving.deserialize_keras_object(m) for m in config["members"]]
+        if config.pop("engine", None) == "graph":
+            # Saved members are built when loaded even if they were not when the pack was
+            # made; the saved state has the graph engine's layout, so keep that engine.
+            config["fuse"] = False
         return cls(**config)
 
     def _get_member_weights(self, index: int) -> list[np.ndarray]:

@@ -95,3 +95,23 @@ def test_stack_refuses_different_shapes(binary_data):
     pack.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="cannot be stacked"):
         pack.predict(x, stack=True, verbose=0)
+
+
+def test_unbuilt_members_train_save_and_reload(binary_data, tmp_path):
+    x, y = binary_data
+    members = [
+        keras.Sequential([keras.layers.Dense(6, activation="relu"), keras.layers.Dense(1)])
+        for _ in range(2)
+    ]
+    pack = kg.ModelPack(members)
+    assert pack.engine == "graph" and "not built" in pack.fusion_report
+    pack.compile(optimizer="adam", loss="mse")
+    pack.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert all(m.built for m in pack.members)
+    path = str(tmp_path / "unbuilt.keras")
+    pack.save(path)
+    reloaded = keras.models.load_model(path)
+    assert reloaded.engine == "graph"
+    np.testing.assert_allclose(
+        np.stack(reloaded.predict(x, verbose=0)), np.stack(pack.predict(x, verbose=0)), rtol=1e-6
+    )
