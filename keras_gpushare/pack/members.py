@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,7 +136,7 @@ def _copy_metric_spec(spec: Any) -> Any:
         return type(spec)(_copy_metric_spec(s) for s in spec)
     if isinstance(spec, dict):
         return {k: _copy_metric_spec(v) for k, v in spec.items()}
-    return copy.copy(spec) if callable(spec) and not isinstance(spec, type) else spec
+    return spec
 
 
 def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> list:
