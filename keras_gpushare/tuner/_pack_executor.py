@@ -14,6 +14,7 @@ from keras_tuner.src.engine import trial as trial_module
 from keras_tuner.src.engine import tuner_utils
 
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.pack.fusion.converter import fusion_signature
 from keras_gpushare.tuner._trial_callbacks import PackTrials, TrialRun
 
 logger = logging.getLogger("keras_gpushare.tuner")
@@ -66,23 +67,13 @@ def _batch_size(run: TrialRun, fit_kwargs: dict) -> Any:
     return run.trial.hyperparameters.values.get("batch_size", fit_kwargs.get("batch_size"))
 
 
-def _architecture(model: keras.Model) -> tuple:
-    """Layer types, configurations (names aside) and weight shapes: what fusion needs equal."""
-    signature = []
-    for layer in model._flatten_layers(include_self=False):
-        config = {k: v for k, v in layer.get_config().items() if k != "name"}
-        shapes = tuple(tuple(w.shape) for w in layer.weights)
-        signature.append((type(layer).__name__, repr(sorted(config.items())), shapes))
-    return tuple(signature)
-
-
 def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[TrialRun]]:
     """Packs: by batch size and start epoch; with fusion, large same-architecture groups.
 
     Each `fit` costs a fixed tracing and compiling time, which dominates short trials, so
-    trials of one architecture (same layers and layer settings; weights and optimizer
-    settings may differ) get a pack of their own, which can be fused, only when they are
-    at least half of their group; all other trials train together in one pack.
+    trials that can fuse (equal `fusion_signature`: dropout rates, weights and optimizer
+    settings may differ) get a pack of their own, which can be fused, only when they are at
+    least half of their group; all other trials train together in one pack.
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
@@ -96,7 +87,7 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
             continue
         by_arch: dict[tuple, list[TrialRun]] = defaultdict(list)
         for run in members:
-            by_arch[_architecture(run.model)].append(run)
+            by_arch[fusion_signature(run.model) or id(run)].append(run)
         mixed = []
         for same in by_arch.values():
             if len(same) > 1 and 2 * len(same) >= len(members):

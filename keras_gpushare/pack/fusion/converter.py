@@ -53,6 +53,28 @@ def member_graph(model):
     return MemberGraph(functional, nodes, layers, refs), None
 
 
+def fusion_signature(model):
+    """A hashable summary that is equal for models that can fuse together, or `None`.
+
+    Layer types, the configurations fusion compares (names, initializers, seeds and
+    per-member keys such as a dropout rate left out) and input shapes, in graph order.
+    Grouping models by it (as the parallel tuner does) puts fusable ones together; the
+    `fusion_report` of a group still has the last word.
+    """
+    graph, why = member_graph(model)
+    if why:
+        return None
+    signature = []
+    for node in graph.nodes:
+        layer = node.operation
+        fused_class = registry.fused_form(type(layer))
+        keys = fused_class.per_member_keys if fused_class is not None else ()
+        config = comparable_config(layer.get_config(), keys)
+        shapes = tuple(tuple(x.shape) for x in node.input_tensors)
+        signature.append((type(layer).__name__, repr(sorted(config.items())), shapes))
+    return tuple(signature)
+
+
 def comparable_config(config, per_member_keys=()):
     """A layer config without the keys that may differ across fusable members.
 

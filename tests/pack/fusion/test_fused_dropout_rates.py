@@ -51,3 +51,13 @@ def test_rates_survive_saving(tmp_path):
     reloaded = keras.models.load_model(path)
     dropout = next(layer for layer in reloaded.graph.layers if "dropout" in layer.name)
     assert dropout.rates == [0.1, 0.5]
+
+
+def test_fusion_signature_groups_what_can_fuse():
+    from keras_gpushare.pack.fusion.converter import fusion_signature
+
+    a, b = member(0.1, 0), member(0.5, 1)
+    assert fusion_signature(a) == fusion_signature(b)
+    wider = keras.Sequential([keras.Input((256,)), keras.layers.Dense(128), keras.layers.Dense(1)])
+    assert fusion_signature(wider) != fusion_signature(a)
+    assert fusion_signature(keras.Sequential([keras.layers.Dense(1)])) is None
