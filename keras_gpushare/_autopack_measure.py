@@ -179,21 +179,18 @@ class MemoryGauge:
             torch.cuda.reset_peak_memory_stats()
 
     def _current(self) -> float:
-        if self._probe is None:
-            return NAN
-        try:
-            return float(self._probe[0]())
-        except Exception as e:  # memory figures are best effort
-            logger.debug("framework memory probe failed: %s", e)
-            return NAN
+        return self._read_probe(0, "memory")
 
     def _peak_now(self) -> float:
+        return self._read_probe(1, "peak memory")
+
+    def _read_probe(self, index: int, what: str) -> float:
         if self._probe is None:
             return NAN
         try:
-            return float(self._probe[1]())
+            return float(self._probe[index]())
         except Exception as e:  # memory figures are best effort
-            logger.debug("framework peak memory probe failed: %s", e)
+            logger.debug("framework %s probe failed: %s", what, e)
             return NAN
 
 

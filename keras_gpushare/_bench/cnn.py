@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from keras_gpushare._bench.workload import epoch_timer
+
 
 def _build_cnn(seed: int):
     import keras
@@ -28,8 +30,6 @@ def _build_cnn(seed: int):
 
 
 def _run(config: dict[str, Any]) -> dict[str, float]:
-    import keras
-
     import keras_gpushare as kg
 
     rng = np.random.default_rng(0)
@@ -40,20 +40,12 @@ def _run(config: dict[str, Any]) -> dict[str, float]:
         [_build_cnn(i) for i in range(config["members"])], fuse=config["engine"] == "fused"
     )
     pack.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    times: list[float] = []
-
-    class Timer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.t0)
-
-    pack.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[Timer()])
+    timer = epoch_timer()
+    pack.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[timer])
     return {
         "engine": pack.engine,
         "wall_s": time.perf_counter() - start,
-        "steady_rate": config["members"] * config["samples"] / times[-1],
+        "steady_rate": config["members"] * config["samples"] / timer.times[-1],
     }
 
 

@@ -43,7 +43,8 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _epoch_timer():
+def epoch_timer():
+    """A callback recording each epoch's duration in `.times`."""
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
@@ -73,7 +74,7 @@ def run_sequential(config: dict[str, Any]) -> dict[str, float]:
     for i, width in enumerate(ran):
         model = build_mlp(width, seed=i)
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
-        timer = _epoch_timer()
+        timer = epoch_timer()
         model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
         last_epoch_s += timer.times[-1]
     wall = (time.perf_counter() - start) * len(widths) / len(ran)
@@ -90,7 +91,7 @@ def _pool_task(args: tuple[int, int, dict[str, Any]]) -> dict[str, float]:
     x, y = make_data(config["samples"])
     model = build_mlp(width, seed=i)
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
-    timer = _epoch_timer()
+    timer = epoch_timer()
     model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
     return {"pid": os.getpid(), "last_epoch_s": timer.times[-1], "rss": _peak_rss_mib()}
 
@@ -125,7 +126,7 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
     members = [build_mlp(w, seed=i) for i, w in enumerate(config["widths"])]
     pack = kg.ModelPack(members, fuse=config.get("fuse", False))
     pack.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
-    timer = _epoch_timer()
+    timer = epoch_timer()
     pack.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
     wall = time.perf_counter() - start
     return {

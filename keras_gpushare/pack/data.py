@@ -104,16 +104,25 @@ def member_batches(pack: keras.Model, data: Any, training: bool) -> list[tuple[A
     """Splits a pack batch into `(x, y, sample_weight)` for each member."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     n = len(pack._members)
-    per_member = labels_per_member(y, n)
     batches = []
-    for i, member in enumerate(pack._members):
+    for i, (member, (yi, swi)) in enumerate(
+        zip(pack._members, member_targets(y, sample_weight, n))
+    ):
         xi = member_inputs(x, member)
-        yi = member_labels(y, i, per_member)
-        swi = member_labels(sample_weight, i, per_member and _is_list_of(sample_weight, n))
         if training and pack._data_mode == "shard":
             xi, yi, swi = (shard(v, i, n) for v in (xi, yi, swi))
         batches.append((xi, yi, swi))
     return batches
+
+
+def member_targets(y: Any, sample_weight: Any, n: int) -> list[tuple[Any, Any]]:
+    """Each member's `(labels, sample_weight)`: split when `y` holds one entry per member."""
+    per_member = labels_per_member(y, n)
+    weights_per_member = per_member and _is_list_of(sample_weight, n)
+    return [
+        (member_labels(y, i, per_member), member_labels(sample_weight, i, weights_per_member))
+        for i in range(n)
+    ]
 
 
 def _is_list_of(value: Any, n: int) -> bool:

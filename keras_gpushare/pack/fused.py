@@ -121,11 +121,10 @@ def _member_losses(pack: ModelPack, y: Any, y_pred: Any, sample_weight: Any) -> 
     loss = None if per_member else pack._shared_loss
     if loss is not None and (sample_weight is None or not tree.is_nested(sample_weight)):
         return _stacked_losses(loss, y, y_pred, sample_weight)
-    sw_per_member = per_member and isinstance(sample_weight, (list, tuple))
     losses = []
-    for i, member in enumerate(members):
-        yi = data_lib.member_labels(y, i, per_member)
-        swi = data_lib.member_labels(sample_weight, i, sw_per_member)
+    for i, (member, (yi, swi)) in enumerate(
+        zip(members, data_lib.member_targets(y, sample_weight, n))
+    ):
         losses.append(ops.cast(member._compile_loss(yi, y_pred[i], swi), "float32"))
     return ops.stack(losses)
 
@@ -171,19 +170,15 @@ def compute_metrics(pack: ModelPack, x: Any, y: Any, y_pred: Any, sample_weight:
     """
     members = pack._members
     n = len(members)
-    per_member = data_lib.labels_per_member(y, n)
-    for i, member in enumerate(members):
+    targets = data_lib.member_targets(y, sample_weight, n)
+    for i, (member, (yi, _)) in enumerate(zip(members, targets)):
         if member._compile_metrics is not None and not member._compile_metrics.built:
-            yi = data_lib.member_labels(y, i, per_member)
             member._compile_metrics.build(yi, y_pred[i])
-    shared = None if per_member else _shared_metrics(members)
+    shared = None if data_lib.labels_per_member(y, n) else _shared_metrics(members)
     if shared is not None:
         _update_shared_metrics(pack, shared, y, y_pred)
     else:
-        sw_per_member = per_member and isinstance(sample_weight, (list, tuple))
-        for i, member in enumerate(members):
-            yi = data_lib.member_labels(y, i, per_member)
-            swi = data_lib.member_labels(sample_weight, i, sw_per_member)
+        for i, (member, (yi, swi)) in enumerate(zip(members, targets)):
             if member._compile_metrics is not None:
                 member._compile_metrics.update_state(yi, y_pred[i], swi)
     return fused_logs(pack, shared is not None)
