@@ -22,6 +22,11 @@ def share_gpu(
     with no GPU, `split=k` carves the CPU into `k` logical CPUs, so code written for
     `/GPU:0`..`/GPU:k-1` can be tried on `/CPU:0`..`/CPU:k-1`.
 
+    Creating a `tf.distribute` strategy initializes the devices, so call it before that.
+    The names it returns can be given to a strategy that trains an unplaced model
+    (`tf.distribute.MirroredStrategy(devices)`; over logical GPUs TensorFlow all-reduces
+    with its ring collectives instead of NCCL); a placed model runs under no strategy.
+
     Args:
         memory_growth: Whether GPU memory grows on demand, when no limit is set. Defaults
             to `True`.
@@ -70,7 +75,8 @@ def share_gpu(
         raise RuntimeError(
             "`kg.share_gpu()` was called after TensorFlow initialized its devices, when "
             f"they can no longer be configured ({e}). Call it at the top of the script, "
-            "before building any model, tensor or dataset (and before `kg.stage`)."
+            "before building any model, tensor, dataset or tf.distribute strategy (and "
+            "before `kg.stage`)."
         ) from None
     kind = "GPU" if gpus else "CPU"
     return [f"/{kind}:{i}" for i in range(len(tf.config.list_logical_devices(kind)))]

@@ -138,10 +138,15 @@ def build_stage_graphs(
 
 
 def move_variables(layer: keras.layers.Layer, device: str) -> int:
-    """Re-creates the layer's variables on `device`, keeping their values; returns how many."""
+    """Re-creates the layer's variables on `device`, keeping their values; returns how many.
+
+    A variable that a `tf.distribute` strategy created (a model built inside its scope) is
+    re-created too, as one plain variable, even if its first copy is already on `device`.
+    """
     moved = 0
     for v in layer.weights:
-        if same_device(v.value.device, device):
+        distributed = isinstance(v.value, tf.distribute.DistributedValues)
+        if same_device(v.value.device, device) and not distributed:
             continue
         with tf.device(device):
             value = tf.identity(v.value)

@@ -14,6 +14,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_gpushare.placement import _graph
+from keras_gpushare.placement._strategy import check_no_strategy, check_optimizer
 from keras_gpushare.placement.pipeline import (
     colocated_updates,
     pipelined_train_step,
@@ -63,6 +64,7 @@ class stage:
         self._scopes: list[Any] = []
 
     def __enter__(self) -> stage:
+        check_no_strategy(f"opening `kg.stage({self.device!r})`")
         if getattr(_active, "stage", None) is not None:
             raise ValueError(
                 f"Invalid nesting: `kg.stage({self.device!r})` was opened inside "
@@ -135,7 +137,9 @@ class PlacedModel(keras.Model):
     through the stages in a GPipe schedule, and their gradients are summed and applied once,
     so the update equals the full-batch update for models without batch-coupled layers.
     XLA compiles a function onto one device, so a placed model always runs with
-    `jit_compile=False`.
+    `jit_compile=False`. It chooses its devices itself, so it is built, compiled and fit
+    outside any `tf.distribute` strategy scope; inside one, each of these raises a
+    `ValueError` before any work.
 
     Args:
         inputs: The model's input tensor(s), as for `keras.Model(inputs, outputs)`.
@@ -182,6 +186,7 @@ class PlacedModel(keras.Model):
         layer_stages: dict[str, int] | None = None,
         **kwargs: Any,
     ) -> None:
+        check_no_strategy("building a `PlacedModel`", devices)
         if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
             raise ValueError(
                 f"Invalid value for argument `microbatches`: {microbatches!r}. Expected a "
@@ -241,6 +246,7 @@ class PlacedModel(keras.Model):
         return make_plan(self._placement.stages, batch_size, self.microbatches, self.recompute)
 
     def call(self, inputs: Any, training: bool | None = None, mask: Any = None) -> Any:
+        check_no_strategy("calling a `PlacedModel`", self._devices)
         flat = self._standardize_inputs(inputs)
         outputs = placed_forward(self, self._placement.stages, flat, training)
         packed = tree.pack_sequence_as(self._outputs_struct, outputs)
@@ -249,6 +255,7 @@ class PlacedModel(keras.Model):
         return packed
 
     def compile(self, *args: Any, jit_compile: bool | str = "auto", **kwargs: Any) -> None:
+        check_no_strategy("compiling a `PlacedModel`", self._devices)
         if jit_compile is True:
             raise ValueError(
                 "Invalid value for argument `jit_compile`: True. XLA compiles a function "
@@ -256,6 +263,7 @@ class PlacedModel(keras.Model):
                 f"under XLA across {self._devices}. Pass `jit_compile=False` (or leave it "
                 "as 'auto')."
             )
+        check_optimizer(kwargs.get("optimizer", args[0] if args else None))
         super().compile(*args, jit_compile=False, **kwargs)
         if self.optimizer is not None and not self.optimizer.built:
             with colocated_updates(self.optimizer, variable_devices(self._placement.stages)):
@@ -268,6 +276,7 @@ class PlacedModel(keras.Model):
         self.compile(**keras.saving.deserialize_keras_object(config))
 
     def make_train_function(self, force: bool = False) -> Any:
+        check_no_strategy("training a `PlacedModel`", self._devices)
         if self.jit_compile:
             raise ValueError(
                 "Invalid setting `jit_compile=True` on a placed model: XLA compiles onto "
@@ -275,12 +284,21 @@ class PlacedModel(keras.Model):
             )
         return super().make_train_function(force=force)
 
+    def make_test_function(self, force: bool = False) -> Any:
+        check_no_strategy("evaluating a `PlacedModel`", self._devices)
+        return super().make_test_function(force=force)
+
+    def make_predict_function(self, force: bool = False) -> Any:
+        check_no_strategy("predicting with a `PlacedModel`", self._devices)
+        return super().make_predict_function(force=force)
+
     def train_step(self, data: Any) -> dict[str, Any]:
         return pipelined_train_step(
             self, self._placement.stages, data, self.microbatches, self.recompute
         )
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any):
+        check_no_strategy("fitting a `PlacedModel`", self._devices)
         _check_microbatches(x, batch_size, self.microbatches)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 

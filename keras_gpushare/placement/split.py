@@ -9,6 +9,7 @@ import keras
 
 from keras_gpushare.placement import partition
 from keras_gpushare.placement._graph import canonical_device
+from keras_gpushare.placement._strategy import check_no_strategy
 from keras_gpushare.placement.builder import PlacedModel
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def split_model(
     print(placed.plan)
     ```
     """
+    check_no_strategy("splitting a model with `kg.split_model`")
     if isinstance(devices, str) or not isinstance(devices, Sequence) or not devices:
         raise ValueError(
             f"Invalid value for argument `devices`: {devices!r}. Expected a non-empty "
