@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 from keras import ops, tree
+from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 from keras.src.losses.losses import LossFunctionWrapper
 
 from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack import replicas
 from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN
 
 if TYPE_CHECKING:
@@ -115,6 +117,7 @@ def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight:
 
 
 def _member_losses(pack: ModelPack, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+    """Every member's loss on this replica's batch, shape (N,), not scaled for replicas."""
     members = pack._members
     n = len(members)
     per_member = data_lib.labels_per_member(y, n)
@@ -125,7 +128,8 @@ def _member_losses(pack: ModelPack, y: Any, y_pred: Any, sample_weight: Any) -> 
     for i, (member, (yi, swi)) in enumerate(
         zip(members, data_lib.member_targets(y, sample_weight, n))
     ):
-        losses.append(ops.cast(member._compile_loss(yi, y_pred[i], swi), "float32"))
+        value = member._compile_loss(yi, y_pred[i], swi)
+        losses.append(ops.cast(unscale_loss_for_distribution(value), "float32"))
     return ops.stack(losses)
 
 
@@ -136,7 +140,9 @@ def compute_loss(
 
     Every member's loss goes into the pack's stacked loss state. In training, a member that
     is not active gets a NaN factor on its loss, hence a non-finite gradient that the
-    vectorized optimizer never applies, and a member whose loss is not finite is frozen.
+    vectorized optimizer never applies, and a member whose loss is not finite (on any
+    replica, under a `tf.distribute` strategy) is frozen. Like Keras's own losses, the total
+    is divided by the number of replicas, so all-reduced gradients are the global batch's.
     """
     losses = _member_losses(pack, y, y_pred, sample_weight)
     batch = ops.cast(_batch_size(x), "float32")
@@ -153,12 +159,13 @@ def compute_loss(
         )
         total = ops.sum(losses * ops.where(active, 1.0, float("nan")))
         if pack._on_nan == "freeze":
-            frozen = ops.logical_and(active, ops.logical_not(finite))
+            not_finite = replicas.any_replica(ops.logical_not(finite))
+            frozen = ops.logical_and(active, not_finite)
             pack._status.assign(ops.where(frozen, FROZEN_NAN, status))
     regularization = pack.losses
     if regularization:
         total = total + ops.cast(ops.sum(ops.stack(regularization)), "float32")
-    return total
+    return scale_loss_for_distribution(total)
 
 
 def compute_metrics(pack: ModelPack, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> dict:
@@ -241,11 +248,29 @@ def _update_shared_metrics(pack: ModelPack, shared: list, y: Any, y_pred: Any) -
         values = ops.cast(first._fn(y, stacked, **first._fn_kwargs), "float32")
         axes = tuple(range(1, len(values.shape)))
         count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
-        state = pack._metric_states.get(first.name)
-        if state is None:
-            state = StackedMean(len(column), name=f"member_{first.name}")
-            pack._metric_states[first.name] = state
+        state = _metric_state(pack, first.name)
         state.update_state(ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count)
+
+
+def _metric_state(pack: ModelPack, name: str) -> StackedMean:
+    """The stacked state of the shared metric `name`, made on first use."""
+    state = pack._metric_states.get(name)
+    if state is None:
+        state = StackedMean(len(pack._members), name=f"member_{name}")
+        pack._metric_states[name] = state
+    return state
+
+
+def build_metric_states(pack: ModelPack, y: Any) -> None:
+    """Makes the shared metrics' stacked state before the first step.
+
+    Without a strategy the first trace of the step may make it; under a `tf.distribute`
+    strategy variables must exist before the step runs on the replicas.
+    """
+    if data_lib.labels_per_member(y, len(pack._members)):
+        return
+    for column in _shared_metrics(pack._members) or []:
+        _metric_state(pack, column[0].name)
 
 
 def sync_members(pack: ModelPack) -> None:

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 import keras
 import tensorflow as tf
 from keras import tree
+from keras.src.losses.loss import unscale_loss_for_distribution
 
 from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack import replicas
 from keras_gpushare.pack.logs import pack_logs
 from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN
 
@@ -44,8 +46,7 @@ def _train_member(pack: ModelPack, member: keras.Model, batch: tuple) -> tf.Tens
 
     def update() -> tf.Tensor:
         member.optimizer.apply(grads, variables)
-        member._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
-        member.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        _update_metrics(member, batch, y_pred, loss)
         return tf.constant(ACTIVE, tf.int32)
 
     if pack._on_nan != "freeze":
@@ -53,8 +54,18 @@ def _train_member(pack: ModelPack, member: keras.Model, batch: tuple) -> tf.Tens
     return tf.cond(_all_finite(loss, grads), update, lambda: tf.constant(FROZEN_NAN, tf.int32))
 
 
+def _update_metrics(member: keras.Model, batch: tuple, y_pred: Any, loss: tf.Tensor) -> None:
+    x, y, sample_weight = batch
+    member._loss_tracker.update_state(
+        unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
+    )
+    member.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
 def train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     """The graph engine's training step: per-member steps, then the pack's logs."""
+    if replicas.replica_context() is not None:
+        return _replicated_train_step(pack, data)
     batches = data_lib.member_batches(pack, data, training=True)
     status = tf.convert_to_tensor(pack._status.value)
     new_status = []
@@ -73,6 +84,59 @@ def train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     return pack_logs(pack._members)
 
 
+def _replicated_train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
+    """The training step on one replica of a `tf.distribute` strategy.
+
+    A member's optimizer all-reduces its gradients, which cannot happen inside a conditional
+    that only some replicas take. So every member runs forward and backward (a frozen or
+    stopped member too); then all replicas agree on which members have data and finite
+    values, and the updates run in conditionals that every replica takes alike.
+    """
+    batches = data_lib.member_batches(pack, data, training=True)
+    status = tf.convert_to_tensor(pack._status.value)
+    steps, not_finite, rows = [], [], []
+    for member, batch in zip(pack._members, batches):
+        x, y, sample_weight = batch
+        with tf.GradientTape() as tape:
+            y_pred = member(x, training=True)
+            loss = member.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+        pairs = [
+            (g, v)
+            for g, v in zip(
+                tape.gradient(loss, member.trainable_variables), member.trainable_variables
+            )
+            if g is not None
+        ]
+        steps.append((y_pred, loss, pairs))
+        not_finite.append(tf.logical_not(_all_finite(loss, [g for g, _ in pairs])))
+        rows.append(_batch_size(x))
+    not_finite = replicas.any_replica(tf.stack(not_finite))
+    rows = replicas.all_replicas_sum(tf.cast(tf.stack(rows), tf.float32))
+    run = tf.equal(status, ACTIVE) & tf.greater(rows, 0.0)
+    freeze = pack._on_nan == "freeze"
+    apply = run & tf.logical_not(not_finite) if freeze else run
+    updates = [
+        lambda grads, m=member, p=pairs: m.optimizer.apply(grads, [v for _, v in p])
+        for member, (_, _, pairs) in zip(pack._members, steps)
+    ]
+    replicas.run_where(
+        tf.unstack(apply), updates, [([g for g, _ in pairs],) for _, _, pairs in steps]
+    )
+    for i, (member, batch, (y_pred, loss, _)) in enumerate(zip(pack._members, batches, steps)):
+        tf.cond(
+            apply[i],
+            lambda m=member, b=batch, p=y_pred, v=loss: _update_metrics(m, b, p, v),
+            lambda: None,
+        )
+    if freeze:
+        status = tf.where(run & not_finite, FROZEN_NAN, status)
+    pack._status.assign(status)
+    pack.optimizer.iterations.assign_add(1)
+    return pack_logs(pack._members)
+
+
 def test_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     """The graph engine's evaluation step: every member is evaluated on the whole batch."""
     for member, (x, y, sample_weight) in zip(
@@ -82,6 +146,5 @@ def test_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
         loss = member.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
         )
-        member._loss_tracker.update_state(loss, sample_weight=_batch_size(x))
-        member.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        _update_metrics(member, (x, y, sample_weight), y_pred, loss)
     return pack_logs(pack._members)

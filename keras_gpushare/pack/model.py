@@ -118,6 +118,9 @@ class ModelPack(keras.Model):
             dtype="int32",
             initializer="zeros",
             trainable=False,
+            # Replicas of a tf.distribute strategy agree on the status (replicas.py); any
+            # replica's value is the one to keep.
+            aggregation="only_first_replica",
         )
         self._member_compile_args: dict[str, Any] | None = None
         self._shared_loss = None
@@ -262,11 +265,13 @@ class ModelPack(keras.Model):
             run_eagerly: run steps eagerly (debugging). Defaults to `False`.
             steps_per_execution: batches per compiled call; `"auto"` picks 64 on the fused
                 engine and 16 on the graph engine (measured best for small members on
-                CPU), which hides Keras's per-call overhead. Defaults to `"auto"`.
+                CPU), which hides Keras's per-call overhead; under a `tf.distribute`
+                strategy it must be 1 (`"auto"` picks 1). Defaults to `"auto"`.
             jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
-                layers support XLA (also on CPU, where plain Keras leaves it off), and leaves
-                the graph engine to Keras's rule (XLA with a GPU only: on CPU, compiling N
-                members costs more than it saves). Defaults to `"auto"`.
+                layers support XLA (also on CPU, where plain Keras leaves it off) and no
+                `tf.distribute` strategy is in use, and leaves the graph engine to Keras's
+                rule (XLA with a GPU only: on CPU, compiling N members costs more than it
+                saves). Defaults to `"auto"`.
             auto_scale_loss: as in `keras.Model.compile`. Defaults to `True`.
         """
         n = len(self._members)
@@ -296,15 +301,23 @@ class ModelPack(keras.Model):
                 jit_compile=False,
                 auto_scale_loss=auto_scale_loss,
             )
+        distributed = self._distributed()
         if steps_per_execution == "auto":
-            steps_per_execution = _DEFAULT_STEPS_PER_EXECUTION[self._engine]
+            steps_per_execution = 1 if distributed else _DEFAULT_STEPS_PER_EXECUTION[self._engine]
+        elif distributed and steps_per_execution != 1:
+            raise ValueError(
+                f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
+                "under a tf.distribute strategy. Keras's multi-step loop fails under "
+                "MirroredStrategy (keras-team/keras#19246), so a pack under a strategy runs one "
+                'step per call: pass steps_per_execution=1 or "auto".'
+            )
         pack_optimizer = None
         if self._engine == "fused":
             pack_optimizer = self._vectorized_optimizer(optimizers)
         if pack_optimizer is None:
             pack_optimizer = MemberOptimizers(optimizers)
         elif jit_compile == "auto":
-            jit_compile = not run_eagerly and self._members_support_jit()
+            jit_compile = not run_eagerly and not distributed and self._members_support_jit()
         super().compile(
             optimizer=pack_optimizer,
             loss=None,
@@ -355,6 +368,14 @@ class ModelPack(keras.Model):
         self._engine = "graph"
         self._fusion_report = reason
         logger.info("ModelPack %s: %s", self.name, reason)
+
+    def _distributed(self) -> bool:
+        """Whether this pack trains under a `tf.distribute` strategy."""
+        if keras.backend.backend() != "tensorflow":
+            return False
+        import tensorflow as tf
+
+        return tf.distribute.has_strategy() or self._distribute_strategy is not None
 
     def _members_support_jit(self) -> bool:
         """Whether XLA pays for this fused pack.
@@ -416,6 +437,10 @@ class ModelPack(keras.Model):
                 self._members, data_lib.member_batches(self, data_batch, training=False)
             ):
                 member._symbolic_build(data_batch=batch)
+            if self._engine == "fused" and self.compiled:
+                fused_lib.build_metric_states(
+                    self, keras.utils.unpack_x_y_sample_weight(data_batch)[1]
+                )
         self.built = True
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 

@@ -242,6 +242,52 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         self._iterations.assign_add(1)
 
     def _vectorized_update(self, grads, variables):
+        from keras_gpushare.pack import replicas
+
+        context = replicas.replica_context()
+        if context is None:
+            plan = self._plan(grads, variables)
+            for g, variable in zip(plan[0], variables):
+                self._update_variable(variable, g, *plan[1:], self._get_variable_index(variable))
+            self._update_bookkeeping(self.nonfinite, self.member_iterations, *plan[1:3])
+            return
+        self._replicated_update(context, grads, variables)
+
+    def _replicated_update(self, context, grads, variables):
+        """The update on one replica of a `tf.distribute` strategy.
+
+        The gradients are summed over the replicas first, so every replica works out the
+        same update; then each replica's copy of every variable gets it, in the strategy's
+        update context, as Keras's own optimizers do.
+        """
+        import tensorflow as tf
+
+        grads = context.all_reduce("sum", list(grads))
+        plan = self._plan(grads, variables)
+        indices = [self._get_variable_index(v) for v in variables]
+
+        def update(strategy, plan):
+            extended = strategy.extended
+            for g, variable, index in zip(plan[0], variables, indices):
+                extended.update(
+                    variable.value,
+                    lambda v, *args, i=index: self._update_variable(v, *args, i),
+                    args=(g, *plan[1:]),
+                    group=False,
+                )
+            extended.update(
+                self.nonfinite.value,
+                lambda v, active, finite: self._update_bookkeeping(
+                    v, self.member_iterations, active, finite
+                ),
+                args=plan[1:3],
+                group=False,
+            )
+
+        tf.__internal__.distribute.interim.maybe_merge_call(update, context.strategy, plan)
+
+    def _plan(self, grads, variables):
+        """What every variable's update needs: `(grads, active, finite, rates, steps)`."""
         n = self.n_members
         grads = [ops.cast(ops.convert_to_tensor(g), v.dtype) for g, v in zip(grads, variables)]
         finite = ops.ones((n,), dtype="bool")
@@ -250,42 +296,37 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 finite, ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
             )
         active = ops.logical_and(ops.convert_to_tensor(self.member_mask) > 0.5, finite)
-        self.nonfinite.assign(ops.cast(ops.logical_not(finite), "float32"))
-        grads = self._clip(grads)
-        rates = self._learning_rates()
         steps = ops.cast(ops.convert_to_tensor(self.member_iterations) + 1, "float32")
-        decays = [w for w in self._weight_decays]
-        use_decay = any(w is not None for w in decays)
-        hyper_names = list(self._hypers[0])
-        for g, variable in zip(grads, variables):
-            rank = len(variable.shape)
-            shape = (n,) + (1,) * (rank - 1)
-            lr = ops.cast(ops.reshape(rates, shape), variable.dtype)
-            old = ops.convert_to_tensor(variable)
-            value = old
-            if use_decay:
-                wd = self._per_member([w or 0.0 for w in decays], rank, variable.dtype)
-                value = value - value * wd * lr
-            h = {
-                name: self._per_member([hp[name] for hp in self._hypers], rank, variable.dtype)
-                for name in hyper_names
-            }
-            index = self._get_variable_index(variable)
-            slots = {name: self._slots[name][index] for name in self._slot_names}
-            old_slots = {name: ops.convert_to_tensor(s) for name, s in slots.items()}
-            new_value, new_slots = self._rule.update(
-                g,
-                value,
-                old_slots,
-                h,
-                lr,
-                ops.cast(ops.reshape(steps, shape), variable.dtype),
-            )
-            keep = ops.reshape(active, shape)
-            variable.assign(ops.where(keep, new_value, old))
-            for name, slot in slots.items():
-                slot.assign(ops.where(keep, new_slots[name], old_slots[name]))
-        self.member_iterations.assign_add(ops.cast(active, "int32"))
+        return self._clip(grads), active, finite, self._learning_rates(), steps
+
+    def _update_bookkeeping(self, nonfinite, member_iterations, active, finite):
+        nonfinite.assign(ops.cast(ops.logical_not(finite), "float32"))
+        member_iterations.assign_add(ops.cast(active, "int32"))
+
+    def _update_variable(self, variable, g, active, finite, rates, steps, index):
+        """Member i's optimizer step on slice i of `variable`, for every active member."""
+        rank = len(variable.shape)
+        shape = (self.n_members,) + (1,) * (rank - 1)
+        lr = ops.cast(ops.reshape(rates, shape), variable.dtype)
+        old = ops.convert_to_tensor(variable)
+        value = old
+        decays = self._weight_decays
+        if any(w is not None for w in decays):
+            wd = self._per_member([w or 0.0 for w in decays], rank, variable.dtype)
+            value = value - value * wd * lr
+        h = {
+            name: self._per_member([hp[name] for hp in self._hypers], rank, variable.dtype)
+            for name in self._hypers[0]
+        }
+        slots = {name: self._slots[name][index] for name in self._slot_names}
+        old_slots = {name: ops.convert_to_tensor(s) for name, s in slots.items()}
+        new_value, new_slots = self._rule.update(
+            g, value, old_slots, h, lr, ops.cast(ops.reshape(steps, shape), variable.dtype)
+        )
+        keep = ops.reshape(active, shape)
+        variable.assign(ops.where(keep, new_value, old))
+        for name, slot in slots.items():
+            slot.assign(ops.where(keep, new_slots[name], old_slots[name]))
 
     def _member_slot_pairs(self, optimizers, variable_map):
         """Yield `(member i, stacked slot, member slot)` for every slot both sides have."""

@@ -1,0 +1,88 @@
+"""Agreement between replicas when a pack trains under a `tf.distribute` strategy.
+
+Under `MirroredStrategy` or `MultiWorkerMirroredStrategy` every replica runs the pack's step
+on its share of the batch. Whatever decides what a member does (is it frozen, does it have
+data, does its update apply) must be decided the same way on every replica, or the replicas'
+copies of the members drift apart and their collective operations stop matching. The helpers
+here make such decisions from all replicas' values, and run the members' updates (which
+synchronise replicas) only where every replica takes the same branch.
+
+On other backends, and on TensorFlow outside a strategy, they reduce to the plain,
+single-replica case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+from keras import ops
+
+
+def replica_context() -> Any:
+    """The `tf.distribute` replica context of a step under a strategy, else `None`."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    return tf.distribute.get_replica_context()
+
+
+def any_replica(flags: Any) -> Any:
+    """Element-wise: whether `flags` (booleans) is true on at least one replica."""
+    context = replica_context()
+    if context is None:
+        return flags
+    counts = context.all_reduce("sum", ops.cast(flags, "float32"))
+    return ops.greater(counts, 0.0)
+
+
+def all_replicas_sum(values: Any) -> Any:
+    """`values` summed over the replicas (unchanged without a strategy)."""
+    context = replica_context()
+    if context is None:
+        return values
+    return context.all_reduce("sum", values)
+
+
+def run_where(
+    conditions: Sequence[Any], functions: Sequence[Callable[..., Any]], args: Sequence[tuple]
+) -> None:
+    """Calls `functions[i](*args[i])` on every replica where `conditions[i]` holds.
+
+    The functions may synchronise replicas (a Keras optimizer's `apply` all-reduces the
+    gradients). `conditions` must be the same on every replica (see `any_replica`); `args`
+    may differ per replica.
+    """
+    import tensorflow as tf
+
+    def skip() -> None:
+        return None
+
+    if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        for condition, function, arguments in zip(conditions, functions, args):
+            tf.cond(condition, lambda f=function, a=arguments: _call(f, a), skip)
+        return
+
+    def cross_replica(strategy: Any, conditions: Any, args: Any) -> None:
+        # A condition is the same on every replica; take the first replica's copy.
+        conditions = strategy.experimental_local_results(conditions)[0]
+        for condition, function, arguments in zip(conditions, functions, args):
+            tf.cond(
+                condition,
+                lambda f=function, a=arguments: strategy.extended.call_for_each_replica(
+                    lambda *values, f=f: _call(f, values), args=a
+                ),
+                skip,
+            )
+
+    tf.distribute.get_replica_context().merge_call(
+        cross_replica, args=(list(conditions), [tuple(a) for a in args])
+    )
+
+
+def _call(function: Callable[..., Any], args: Sequence) -> None:
+    function(*args)
