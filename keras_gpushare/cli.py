@@ -194,6 +194,50 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_workers(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "workers",
+        help="run a training script as N local MultiWorkerMirroredStrategy workers",
+        description=(
+            "Starts COMMAND as N worker processes on this machine, each with its TF_CONFIG "
+            "(worker i of a cluster on free loopback ports) and KERAS_GPUSHARE_ATTEMPT. When "
+            "a worker fails, all are stopped and, while restarts are left, started again; a "
+            "BackupAndRestore callback in the script resumes from its last backup. Exits "
+            "with 0 when every worker succeeded, else with the failed worker's status."
+        ),
+    )
+    p.add_argument("-n", "--num-workers", type=int, default=2, help="number of workers")
+    p.add_argument(
+        "--max-restarts", type=int, default=0, help="restarts of the group after a failure"
+    )
+    p.add_argument("--timeout", type=float, default=None, help="seconds before all are stopped")
+    p.add_argument(
+        "--log-dir", default=None, help="write workerI.log files here instead of the terminal"
+    )
+    p.add_argument(
+        "worker_command",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="the training command, after --, e.g. -- python train.py",
+    )
+    p.set_defaults(func=_run_workers)
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    from keras_gpushare.workers import run_local_workers
+
+    command = args.worker_command
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return run_local_workers(
+        command,
+        num_workers=args.num_workers,
+        max_restarts=args.max_restarts,
+        timeout=args.timeout,
+        log_dir=args.log_dir,
+    )
+
+
 def _add_autopack(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "autopack",
@@ -282,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_monitor(subparsers)
     _add_plan(subparsers)
     _add_autopack(subparsers)
+    _add_workers(subparsers)
     return parser
 
 

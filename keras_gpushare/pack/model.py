@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import tree
 
+from keras_gpushare.pack import chief, replicas
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import fused as fused_lib
 from keras_gpushare.pack import members as members_lib
@@ -424,6 +425,23 @@ class ModelPack(keras.Model):
             result.extend(member.metrics)
         return result
 
+    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+        if self._distributed() and iterator is not None and data_batch is None:
+            # Keras reduces the first distributed batch over the replicas only to learn its
+            # shapes, which fails for an (x, y) batch under MultiWorkerMirroredStrategy; one
+            # replica's share has the shapes.
+            for _, _, batches in iterator:
+                data_batch = tree.map_structure(self._first_replica_value, next(batches))
+                break
+        super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
+
+    def _first_replica_value(self, value: Any) -> Any:
+        import tensorflow as tf
+
+        if isinstance(value, tf.distribute.DistributedValues):
+            return self.distribute_strategy.experimental_local_results(value)[0]
+        return value
+
     def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
         if data_batch is None and iterator is not None:
             for _, _, data_or_iterator in iterator:
@@ -463,17 +481,17 @@ class ModelPack(keras.Model):
 
     def train_step(self, *args: Any) -> Any:
         if self._engine == "fused":
-            return super().train_step(*args)
+            return replicas.multi_worker_logs(super().train_step(*args))
         from keras_gpushare.pack import graph
 
-        return graph.train_step(self, *args)
+        return replicas.multi_worker_logs(graph.train_step(self, *args))
 
     def test_step(self, *args: Any) -> Any:
         if self._engine == "fused":
-            return super().test_step(*args)
+            return replicas.multi_worker_logs(super().test_step(*args))
         from keras_gpushare.pack import graph
 
-        return graph.test_step(self, *args)
+        return replicas.multi_worker_logs(graph.test_step(self, *args))
 
     def compute_loss(
         self,
@@ -502,7 +520,7 @@ class ModelPack(keras.Model):
         self._check_labels(x, y)
         if self._data_mode == "shard":
             self._check_shardable(x)
-        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks = chief.chief_callbacks(self, list(kwargs.pop("callbacks", None) or []))
         callbacks.append(StatusWatcher(list(callbacks)))
         history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
         if all(m.built for m in self._members):
@@ -546,6 +564,24 @@ class ModelPack(keras.Model):
         return np.stack(outputs)
 
     # Serialization -----------------------------------------------------------------------
+
+    def save(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
+        """Saves the pack as `keras.Model.save` does; under several workers, the chief's only.
+
+        Under `MultiWorkerMirroredStrategy` call it on every worker (as for any Keras model
+        there): the chief writes `filepath`, the other workers write nothing that stays.
+        """
+        with chief.chief_path(self, filepath) as path:
+            super().save(path, *args, **kwargs)
+
+    def save_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
+        """Saves the weights as `keras.Model.save_weights` does; under several workers, once.
+
+        As `save`: on every worker, and only the chief's file stays.
+        """
+        sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None) is not None
+        with chief.chief_path(self, filepath, whole=not sharded) as path:
+            super().save_weights(path, *args, **kwargs)
 
     def get_config(self) -> dict:
         return {

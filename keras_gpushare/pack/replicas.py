@@ -48,6 +48,19 @@ def all_replicas_sum(values: Any) -> Any:
     return context.all_reduce("sum", values)
 
 
+def multi_worker_logs(logs: dict) -> dict:
+    """The step's logs, shaped so that Keras can average them over several workers.
+
+    Under `MultiWorkerMirroredStrategy` Keras averages each log over all replicas with
+    `strategy.reduce("MEAN", value, axis=0)`, which fails for a scalar; a one-element
+    vector gives the same mean, as a scalar, on every worker. Elsewhere nothing changes.
+    """
+    context = replica_context()
+    if context is None or not context.strategy.extended._in_multi_worker_mode():
+        return logs
+    return {key: ops.reshape(value, (1,)) for key, value in logs.items()}
+
+
 def run_where(
     conditions: Sequence[Any], functions: Sequence[Callable[..., Any]], args: Sequence[tuple]
 ) -> None:
