@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -136,6 +136,10 @@ class NvmlReader:
         memory_probe: a callable returning this process's GPU memory in MiB from the
             framework's allocator, used for `proc_gpu_mem_mib` when NVML's process list does
             not contain this process's PID (containers). Defaults to `None`.
+        cuda_ordinals: `None`, or `{CUDA ordinal: key}`: with `devices=None`, keep only these
+            of the devices CUDA shows (ordinal `i` is CUDA's `GPU:i`) and name each
+            `gpu{key}`; a GPU a distribution strategy's replicas use, for example. Defaults
+            to `None`.
 
     Example:
 
@@ -156,6 +160,7 @@ class NvmlReader:
         cuda_visible_devices: str | None | object = _FROM_ENV,
         cuda_device_order: str | None | object = _FROM_ENV,
         memory_probe: Callable[[], float] | None = None,
+        cuda_ordinals: Mapping[int, int] | None = None,
     ) -> None:
         if cuda_visible_devices is _FROM_ENV:
             cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -165,6 +170,7 @@ class NvmlReader:
         self._visible: str | None = cuda_visible_devices  # type: ignore[assignment]
         self._order = str(cuda_device_order or "FASTEST_FIRST").strip().upper()
         self._memory_probe = memory_probe
+        self._ordinals = None if cuda_ordinals is None else dict(cuda_ordinals)
         self._nvml: Any = None
         self._initialized = False
         self._mem_v2 = True
@@ -206,6 +212,9 @@ class NvmlReader:
         except ValueError:
             self.close()
             raise
+        keys = list(range(len(selected)))
+        if self._ordinals is not None and self._requested is None and selected:
+            keys, selected = self._keep_ordinals(selected)
         if not selected:
             if self.unavailable is None:
                 self.unavailable = "no GPU is visible to this process" + (
@@ -217,7 +226,7 @@ class NvmlReader:
             return
         self.devices = [
             _Device(key, c.nvml_index, c.uuid, c.name, c.handle, c.mig)
-            for key, c in enumerate(selected)
+            for key, c in zip(keys, selected)
         ]
         for device in self.devices:
             self._setup_gpm(device)
@@ -327,22 +336,27 @@ class NvmlReader:
             selected.append(match)
         return selected
 
+    def _keep_ordinals(self, shown: list[_Candidate]) -> tuple[list[int], list[_Candidate]]:
+        """Applies `cuda_ordinals` to the devices CUDA shows (in CUDA's order)."""
+        keys, kept = [], []
+        for ordinal, key in sorted(self._ordinals.items(), key=lambda item: item[1]):
+            if 0 <= ordinal < len(shown):
+                keys.append(key)
+                kept.append(shown[ordinal])
+            else:
+                self.notes.append(
+                    f"GPU:{key} is CUDA device {ordinal}, but only {len(shown)} GPU(s) are "
+                    "visible to NVML through CUDA_VISIBLE_DEVICES; it is not monitored."
+                )
+        if not kept and self.unavailable is None:
+            self.unavailable = "no GPU of the distribution strategy's replicas is visible to NVML"
+        return keys, kept
+
     def _parse_visible(self, text: str) -> list[int | str]:
         """Parses `CUDA_VISIBLE_DEVICES` as CUDA does: it stops at the first invalid entry."""
-        entries: list[int | str] = []
-        for raw in text.split(","):
-            entry = raw.strip()
-            if re.fullmatch(r"\d+", entry):
-                entries.append(int(entry))
-            elif entry.upper().startswith(_UUID_PREFIXES):
-                entries.append(entry)
-            else:
-                if entry and entry != "-1":
-                    self.notes.append(
-                        f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a "
-                        "UUID; CUDA ignores it and every entry after it."
-                    )
-                break
+        entries, note = parse_cuda_visible_devices(text)
+        if note is not None:
+            self.notes.append(note)
         return entries
 
     def _explicit(self, gpus: list[_Candidate], entry: int | str) -> _Candidate:
@@ -554,6 +568,29 @@ class NvmlReader:
             return fn(*args)
         except self._nvml.NVMLError:
             return default
+
+
+def parse_cuda_visible_devices(text: str) -> tuple[list[int | str], str | None]:
+    """Parses `CUDA_VISIBLE_DEVICES` as CUDA does: it stops at the first invalid entry.
+
+    Returns the entries (indices as `int`, `GPU-`/`MIG-` UUIDs as `str`) and, when an entry
+    was neither, a note saying so (`None` otherwise).
+    """
+    entries: list[int | str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if re.fullmatch(r"\d+", entry):
+            entries.append(int(entry))
+        elif entry.upper().startswith(_UUID_PREFIXES):
+            entries.append(entry)
+        else:
+            if entry and entry != "-1":
+                return entries, (
+                    f"CUDA_VISIBLE_DEVICES entry {entry!r} is neither an index nor a "
+                    "UUID; CUDA ignores it and every entry after it."
+                )
+            break
+    return entries, None
 
 
 def _cuda_uuids() -> list[str] | None:

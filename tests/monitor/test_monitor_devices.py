@@ -116,3 +116,28 @@ def test_fit_logs_use_cuda_numbering(fake_nvml, monkeypatch):
     assert util_logger.monitored_devices[0]["uuid"] == gpus[2].uuid
     assert util_logger.monitored_devices[0]["nvml_index"] == 2
     assert fake.values(gpus[2].uuid, "util") and not fake.values(gpus[0].uuid, "util")
+
+
+def test_cuda_ordinals_keep_some_devices_under_their_own_keys(fake_nvml):
+    gpus = scrambled_gpus()  # CUDA order: gpus[1], gpus[2], gpus[0]
+    fake_nvml(gpus)
+    reader = NvmlReader(cuda_visible_devices=None, cuda_ordinals={2: 5, 0: 1})
+    reader.open()
+    assert [(d.key, d.uuid) for d in reader.devices] == [(1, gpus[1].uuid), (5, gpus[0].uuid)]
+    assert set(reader.read()) >= {"gpu1_util", "gpu5_util"} and "gpu0_util" not in reader.read()
+    reader.close()
+    # Through CUDA_VISIBLE_DEVICES: ordinal 1 is its second entry.
+    reader = NvmlReader(cuda_visible_devices=f"0,{gpus[0].uuid}", cuda_ordinals={1: 0})
+    reader.open()
+    assert [(d.key, d.uuid) for d in reader.devices] == [(0, gpus[0].uuid)]
+    reader.close()
+    # An ordinal CUDA does not show: a note, and nothing to monitor.
+    reader = NvmlReader(cuda_visible_devices="0", cuda_ordinals={1: 1})
+    reader.open()
+    assert reader.devices == [] and "GPU:1 is CUDA device 1, but only 1 GPU(s)" in reader.notes[0]
+    assert reader.unavailable == "no GPU of the distribution strategy's replicas is visible to NVML"
+    # Explicit devices win.
+    reader = NvmlReader([0], cuda_visible_devices=None, cuda_ordinals={1: 3})
+    reader.open()
+    assert [(d.key, d.uuid) for d in reader.devices] == [(0, gpus[0].uuid)]
+    reader.close()
