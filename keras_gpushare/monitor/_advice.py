@@ -25,7 +25,12 @@ def advice_spec(devices: Sequence[Any]) -> list[tuple[str, str, str]]:
     return spec
 
 
-def advice_text(devices: Sequence[Any], figures: dict[str, float], footprint_mib: float) -> str:
+def advice_text(
+    devices: Sequence[Any],
+    figures: dict[str, float],
+    footprint_mib: float,
+    worker: str | None = None,
+) -> str:
     """One line: mean utilization per GPU and the suggested ModelPack size.
 
     Args:
@@ -33,7 +38,9 @@ def advice_text(devices: Sequence[Any], figures: dict[str, float], footprint_mib
         figures: whole-fit figures from `advice_spec`.
         footprint_mib: memory one model needs (framework peak), NaN when unknown; NVML's
             memory of this process stands in for it then.
+        worker: the worker's name (`"worker1"`) when training runs on several, else `None`.
     """
+    who = f"UtilizationLogger ({worker})" if worker else "UtilizationLogger"
     held = figures.get("proc_gpu_mem_mib", math.nan)
     per_member = footprint_mib if _known(footprint_mib) and footprint_mib > 0 else held
     parts = []
@@ -67,8 +74,8 @@ def advice_text(devices: Sequence[Any], figures: dict[str, float], footprint_mib
     if not parts:
         cpu = figures.get("cpu_util", math.nan)
         cpu_text = f" (host CPU busy {cpu:.0f}% on average)" if _known(cpu) else ""
-        return f"UtilizationLogger: no GPU figures, so no ModelPack advice{cpu_text}."
-    return "UtilizationLogger: " + "; ".join(parts) + "."
+        return f"{who}: no GPU figures, so no ModelPack advice{cpu_text}."
+    return f"{who}: " + "; ".join(parts) + "."
 
 
 def _known(value: float) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from keras_gpushare.monitor import _advice, _framework
+from keras_gpushare.monitor import _advice, _framework, _workers
 from keras_gpushare.monitor.nvml import NvmlReader
 from keras_gpushare.monitor.sampler import Sampler
 
@@ -47,6 +47,12 @@ class UtilizationLogger(keras.callbacks.Callback):
     framework's) `GPU:i`, found through `CUDA_VISIBLE_DEVICES` (indices or UUIDs, MIG UUIDs
     included) and matched to NVML by UUID. `monitored_devices` lists the mapping.
 
+    Under a `tf.distribute` strategy whose replicas run on GPUs, `devices=None` means the GPUs
+    of the replicas on this worker only (`gpu{i}` for the replica device `GPU:i`). When
+    training runs on several workers (`MultiWorkerMirroredStrategy`, or a `TF_CONFIG` that
+    lists more than one task) every key starts with the worker's name, such as
+    `worker1_gpu0_util` or `chief0_cpu_util`, and the log lines name the worker too.
+
     Args:
         interval: seconds between samples. Defaults to `0.5`.
         devices: `None` for the GPUs this process may use, or a list of NVML indices (`int`,
@@ -56,6 +62,10 @@ class UtilizationLogger(keras.callbacks.Callback):
             batches into the batch logs every `k` batches. Defaults to `"epoch"`.
         advise: whether to log, at train end, the mean utilization and the size of a
             ModelPack that would fill the GPU (also kept in `advice`). Defaults to `True`.
+        worker: `"auto"` to name the worker in the keys when training runs on several (from
+            the model's strategy, else `TF_CONFIG`; kept in `worker_name`), `None` for plain
+            keys always, or a name of letters, digits and underscores (e.g. `"host3"`) to
+            put in front of every key. Defaults to `"auto"`.
 
     Example:
 
@@ -80,6 +90,7 @@ class UtilizationLogger(keras.callbacks.Callback):
         devices: list[int | str] | tuple[int | str, ...] | None = None,
         every: str | int = "epoch",
         advise: bool = True,
+        worker: str | None = "auto",
     ) -> None:
         super().__init__()
         self.interval = _check_interval(interval)
@@ -91,6 +102,8 @@ class UtilizationLogger(keras.callbacks.Callback):
                 f"({advise!r}). Pass True or False."
             )
         self.advise = advise
+        self.worker = _check_worker(worker)
+        self.worker_name: str | None = None
         # Only reads aggregates under the sampler's lock, so Keras may call the batch hook
         # from its async-dispatch thread (jax, torch) without losing async dispatch.
         self.async_safe = True
@@ -112,8 +125,17 @@ class UtilizationLogger(keras.callbacks.Callback):
         self.batch_samples = []
         self._batches = 0
         self._footprint = None
+        strategy = _workers.model_strategy(self.model)
+        if self.worker == "auto":
+            self.worker_name = _workers.worker_name(strategy, os.environ.get("TF_CONFIG"))
+        else:
+            self.worker_name = self.worker
         probe = _framework.memory_probe(keras.backend.backend())
-        reader = NvmlReader(self.devices, memory_probe=probe[0] if probe else None)
+        reader = NvmlReader(
+            self.devices,
+            memory_probe=probe[0] if probe else None,
+            cuda_ordinals=self._replica_ordinals(strategy) if self.devices is None else None,
+        )
         if probe:
             self._footprint = probe[1]
         sampler = Sampler(
@@ -127,12 +149,13 @@ class UtilizationLogger(keras.callbacks.Callback):
         self.monitored_devices = [d.describe() for d in reader.devices]
         for d in self.monitored_devices:
             logger.info(
-                "monitoring %s: NVML index %s, %s, %s",
+                self._tag("monitoring %s: NVML index %s, %s, %s"),
                 d["key"],
                 d["nvml_index"],
                 d["name"],
                 d["uuid"],
             )
+            d["key"] = self._key(d["key"])
         self._drain()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -145,7 +168,7 @@ class UtilizationLogger(keras.callbacks.Callback):
         # reports the latest sample.
         figures, self.batch_samples = self._sampler.take("batch", wait=False)
         if logs is not None:
-            logs.update(figures)
+            logs.update(self._keyed(figures))
         self._drain()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -153,7 +176,7 @@ class UtilizationLogger(keras.callbacks.Callback):
             return
         figures, self.epoch_samples = self._sampler.take("epoch")
         if logs is not None:
-            logs.update(figures)
+            logs.update(self._keyed(figures))
         self._drain()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -169,10 +192,39 @@ class UtilizationLogger(keras.callbacks.Callback):
                     footprint = float(self._footprint())
                 except Exception as e:  # advice is best effort
                     logger.debug("framework peak memory unavailable: %s", e)
-            self.advice = _advice.advice_text(sampler.reader.devices, figures, footprint)
+            self.advice = _advice.advice_text(
+                sampler.reader.devices, figures, footprint, worker=self.worker_name
+            )
             logger.info(self.advice)
 
     # ------------------------------------------------------------------ helpers
+
+    def _replica_ordinals(self, strategy: Any) -> dict[int, int] | None:
+        """`{CUDA ordinal: key}` of the GPUs the strategy's replicas on this worker use;
+        `None` (every visible GPU) without a strategy or with replicas on CPUs only."""
+        gpus = _workers.strategy_gpus(strategy)
+        for gpu in gpus:
+            logger.info(
+                self._tag(
+                    "a replica runs on GPU:%s: CUDA device %s, CUDA_VISIBLE_DEVICES entry %s"
+                ),
+                gpu.key,
+                gpu.cuda_ordinal,
+                gpu.visible_entry,
+            )
+        return {gpu.cuda_ordinal: gpu.key for gpu in gpus} or None
+
+    def _key(self, key: str) -> str:
+        return f"{self.worker_name}_{key}" if self.worker_name else key
+
+    def _keyed(self, figures: dict[str, float]) -> dict[str, float]:
+        if not self.worker_name:
+            return figures
+        return {self._key(key): value for key, value in figures.items()}
+
+    def _tag(self, text: str) -> str:
+        """`text` with the worker's name in front, when there is one."""
+        return f"{self.worker_name}: {text}" if self.worker_name else text
 
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
@@ -190,14 +242,14 @@ class UtilizationLogger(keras.callbacks.Callback):
                 if text in self._warned:
                     continue
                 self._warned.add(text)
-            logger.log(level, text)
+            logger.log(level, "%s", self._tag(text))
         error, sampler.error = sampler.error, None
         if error is not None:
             text = f"the sampler thread failed ({type(error).__name__}: {error})"
             if text not in self._warned:
                 self._warned.add(text)
                 logger.warning(
-                    "%s; figures are NaN from now on, training is not affected.",
+                    self._tag("%s; figures are NaN from now on, training is not affected."),
                     text,
                     exc_info=(type(error), error, error.__traceback__),
                 )
@@ -264,6 +316,22 @@ def _check_devices(devices: Any) -> list[int | str] | None:
             "device twice. List each device once."
         )
     return checked
+
+
+def _check_worker(worker: Any) -> str | None:
+    if worker is None or worker == "auto":
+        return worker
+    if not isinstance(worker, str):
+        raise TypeError(
+            f"Invalid type for argument `worker`: got {type(worker).__name__} ({worker!r}). "
+            'Pass "auto", None, or a name such as "worker1".'
+        )
+    if not _workers.NAME_PATTERN.fullmatch(worker):
+        raise ValueError(
+            f'Invalid value for argument `worker`: got {worker!r}. Pass "auto", None, or a '
+            'name of letters, digits and underscores that starts with a letter, such as "worker1".'
+        )
+    return worker
 
 
 def _check_every(every: Any) -> str | int:
