@@ -98,6 +98,7 @@ def main():
     weights = {
         f"m{i}_{k}": w for i, m in enumerate(pack.members) for k, w in enumerate(m.get_weights())
     }
+    weights["predictions"] = pack.predict(x[:40], batch_size=16, stack=True, verbose=0)
     np.savez(os.path.join(args.out, f"result-w{task}.npz"), **weights)
     _write_json(
         os.path.join(args.out, f"result-w{task}.json"),

@@ -70,6 +70,11 @@ def test_workers_agree_and_only_the_chief_writes_the_pack(uninterrupted):
     for i, member in enumerate(loaded.members):
         for k, w in enumerate(member.get_weights()):
             np.testing.assert_allclose(w, weights0[f"m{i}_{k}"], rtol=1e-6, err_msg=f"m{i}_{k}")
+    # predict under the strategy gives every row, in order, on every worker.
+    x = np.random.default_rng(0).normal(size=(96, 10)).astype("float32")[:40]
+    np.testing.assert_allclose(
+        weights0["predictions"], loaded.predict(x, stack=True, verbose=0), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_member_early_stopping_is_agreed_across_workers(tmp_path):
