@@ -33,8 +33,8 @@ def _all_finite(loss: tf.Tensor, grads: list) -> tf.Tensor:
     return tf.reduce_all(tf.stack(checks))
 
 
-def _train_member(pack: ModelPack, member: keras.Model, batch: tuple) -> tf.Tensor:
-    """One member's forward, backward and update; returns its new status code."""
+def _forward_backward(member: keras.Model, batch: tuple) -> tuple[Any, tf.Tensor, list, list]:
+    """One member's training forward and backward: `(y_pred, loss, variables, grads)`."""
     x, y, sample_weight = batch
     with tf.GradientTape() as tape:
         y_pred = member(x, training=True)
@@ -42,7 +42,12 @@ def _train_member(pack: ModelPack, member: keras.Model, batch: tuple) -> tf.Tens
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
     variables = member.trainable_variables
-    grads = tape.gradient(loss, variables)
+    return y_pred, loss, variables, tape.gradient(loss, variables)
+
+
+def _train_member(pack: ModelPack, member: keras.Model, batch: tuple) -> tf.Tensor:
+    """One member's forward, backward and update; returns its new status code."""
+    y_pred, loss, variables, grads = _forward_backward(member, batch)
 
     def update() -> tf.Tensor:
         member.optimizer.apply(grads, variables)
@@ -96,22 +101,11 @@ def _replicated_train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
     status = tf.convert_to_tensor(pack._status.value)
     steps, not_finite, rows = [], [], []
     for member, batch in zip(pack._members, batches):
-        x, y, sample_weight = batch
-        with tf.GradientTape() as tape:
-            y_pred = member(x, training=True)
-            loss = member.compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
-            )
-        pairs = [
-            (g, v)
-            for g, v in zip(
-                tape.gradient(loss, member.trainable_variables), member.trainable_variables
-            )
-            if g is not None
-        ]
+        y_pred, loss, variables, grads = _forward_backward(member, batch)
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         steps.append((y_pred, loss, pairs))
-        not_finite.append(tf.logical_not(_all_finite(loss, [g for g, _ in pairs])))
-        rows.append(_batch_size(x))
+        not_finite.append(tf.logical_not(_all_finite(loss, grads)))
+        rows.append(_batch_size(batch[0]))
     not_finite = replicas.any_replica(tf.stack(not_finite))
     rows = replicas.all_replicas_sum(tf.cast(tf.stack(rows), tf.float32))
     run = tf.equal(status, ACTIVE) & tf.greater(rows, 0.0)

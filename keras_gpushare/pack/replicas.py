@@ -33,11 +33,7 @@ def replica_context() -> Any:
 
 def any_replica(flags: Any) -> Any:
     """Element-wise: whether `flags` (booleans) is true on at least one replica."""
-    context = replica_context()
-    if context is None:
-        return flags
-    counts = context.all_reduce("sum", ops.cast(flags, "float32"))
-    return ops.greater(counts, 0.0)
+    return ops.greater(all_replicas_sum(ops.cast(flags, "float32")), 0.0)
 
 
 def all_replicas_sum(values: Any) -> Any:
