@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -59,7 +60,7 @@ def _takes_dict(member: keras.Model) -> bool:
     return isinstance(getattr(member, "_inputs_struct", None), dict)
 
 
-def shard(value: Any, i: int, n: int) -> Any:
+def shard_rows(value: Any, i: int, n: int) -> Any:
     """Rows `i, i+n, i+2n, ...` of every array in `value` (the seeds' `x[i::n]`)."""
     if value is None:
         return None
@@ -100,17 +101,26 @@ def check_label_structure(y: Any, i: int, member: keras.Model) -> None:
         )
 
 
-def member_batches(pack: keras.Model, data: Any, training: bool) -> list[tuple[Any, Any, Any]]:
-    """Splits a pack batch into `(x, y, sample_weight)` for each member."""
+def member_batches(
+    data: Any, members: Sequence[keras.Model], member_ids: Sequence[int], n: int, shard: bool
+) -> list[tuple[Any, Any, Any]]:
+    """Splits a pack batch into `(x, y, sample_weight)` for each of `members`.
+
+    Args:
+        data: the pack's batch.
+        members: the members to serve, in `member_ids` order.
+        member_ids: their positions in the pack.
+        n: the pack's member count.
+        shard: give member `i` rows `i, i+n, ...` only (`data="shard"` in training).
+    """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    n = len(pack._members)
+    targets = member_targets(y, sample_weight, n)
     batches = []
-    for i, (member, (yi, swi)) in enumerate(
-        zip(pack._members, member_targets(y, sample_weight, n))
-    ):
+    for member, i in zip(members, member_ids):
         xi = member_inputs(x, member)
-        if training and pack._data_mode == "shard":
-            xi, yi, swi = (shard(v, i, n) for v in (xi, yi, swi))
+        yi, swi = targets[i]
+        if shard:
+            xi, yi, swi = (shard_rows(v, i, n) for v in (xi, yi, swi))
         batches.append((xi, yi, swi))
     return batches
 

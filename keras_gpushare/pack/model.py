@@ -9,14 +9,17 @@ from typing import Any
 
 import keras
 import numpy as np
-from keras import tree
+from keras import ops, tree
+from keras.src.losses.loss import scale_loss_for_distribution
 
 from keras_gpushare.pack import chief, replicas
 from keras_gpushare.pack import data as data_lib
-from keras_gpushare.pack import fused as fused_lib
 from keras_gpushare.pack import members as members_lib
-from keras_gpushare.pack.fusion import VectorizedOptimizer, build_fused_model, fusion_report
-from keras_gpushare.pack.members import STATUS_NAMES, STOPPED_EARLY
+from keras_gpushare.pack.engines.base import Engine, EngineOptions
+from keras_gpushare.pack.engines.fused import FusedEngine
+from keras_gpushare.pack.fusion import VectorizedOptimizer, fusion_report
+from keras_gpushare.pack.logs import pack_logs
+from keras_gpushare.pack.members import FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
 from keras_gpushare.pack.watcher import StatusWatcher
 
@@ -99,20 +102,16 @@ class ModelPack(keras.Model):
                 f'Invalid value for argument `on_nan`: got {on_nan!r}. Expected "freeze" or '
                 '"ignore".'
             )
-        engine, report = _choose_engine(members, fuse, data)
+        kind, report = _choose_engine(members, fuse, data)
         super().__init__(name=name, **kwargs)
-        self._members = _MemberList(members)
+        self._members = _Items(members)
         self._data_mode = data
         self._fuse = fuse
         self._on_nan = on_nan
-        self._engine = engine
         self._fusion_report = report
-        if engine == "fused":
-            self._fused = build_fused_model(members)
-            self._loss_state = fused_lib.StackedMean(len(members), name="member_loss")
-            self._metric_states: dict[str, fused_lib.StackedMean] = {}
-        else:
-            self._tracked_members = members
+        self._options = EngineOptions(len(members), on_nan=on_nan, data_mode=data)
+        engine_class = FusedEngine if kind == "fused" else _graph_engine_class()
+        self._set_engines([engine_class(members, range(len(members)), self._options)])
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -124,10 +123,16 @@ class ModelPack(keras.Model):
             aggregation="only_first_replica",
         )
         self._member_compile_args: dict[str, Any] | None = None
-        self._shared_loss = None
         if all(m.built for m in members):
             self.built = True
-        logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), engine)
+        logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), kind)
+
+    def _set_engines(self, engines: list[Engine]) -> None:
+        """Holds `engines` and tracks their Keras objects (weights, saving) as the pack's."""
+        for layer in getattr(self, "_engine_layers", ()):
+            self._layers.remove(layer)
+        self._engines = _Items(engines)
+        self._engine_layers = [obj for engine in engines for obj in engine.keras_objects()]
 
     @classmethod
     def from_builder(cls, build_fn: Callable[..., keras.Model], n: int, **kwargs: Any) -> ModelPack:
@@ -161,17 +166,19 @@ class ModelPack(keras.Model):
     def members(self) -> list[keras.Model]:
         """The member models, holding the pack's current weights.
 
-        On the graph engine they are the models the pack trains; on the fused engine they
-        are refreshed from the stacked weights (and optimizer state) each time this is read.
+        Members the graph engine trains are the models themselves; fused members are
+        refreshed from the stacked weights (and optimizer state) each time this is read.
         """
-        if self._engine == "fused":
-            fused_lib.sync_members(self)
+        optimizer = getattr(self, "optimizer", None)
+        for engine in self._engines:
+            engine.sync_members(optimizer)
         return list(self._members)
 
     @property
     def engine(self) -> str:
-        """The engine that trains this pack: `"fused"` or `"graph"`."""
-        return self._engine
+        """The engine that trains this pack: `"fused"`, `"graph"` or `"mixed"`."""
+        kinds = {engine.kind for engine in self._engines}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
 
     @property
     def fusion_report(self) -> str:
@@ -188,12 +195,15 @@ class ModelPack(keras.Model):
         """Stops training member `index` (its weights stay as they are now)."""
         self._set_member_status(index, STOPPED_EARLY)
 
-    def _set_member_status(self, index: int, code: int) -> None:
+    def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self._members):
             raise ValueError(
                 f"Invalid member index {index}: this pack has {len(self._members)} members "
                 f"(0 to {len(self._members) - 1})."
             )
+
+    def _set_member_status(self, index: int, code: int) -> None:
+        self._check_index(index)
         codes = keras.ops.convert_to_numpy(self._status.value).copy()
         codes[index] = code
         self._status.assign(codes)
@@ -203,10 +213,7 @@ class ModelPack(keras.Model):
 
         The copy shares nothing with the pack and can be saved with `.save("m.keras")`.
         """
-        if not 0 <= index < len(self._members):
-            raise ValueError(
-                f"Invalid member index {index}: this pack has {len(self._members)} members."
-            )
+        self._check_index(index)
         source = self.members[index]
         copy = keras.models.clone_model(source)
         copy.set_weights(source.get_weights())
@@ -219,21 +226,54 @@ class ModelPack(keras.Model):
                     dst.assign(src)
         return copy
 
+    def _locate(self, index: int) -> tuple[Engine, int]:
+        """The engine training member `index`, and the member's position in it."""
+        for engine in self._engines:
+            if index in engine.member_ids:
+                return engine, engine.member_ids.index(index)
+        raise ValueError(f"Invalid member index {index}.")
+
+    def _get_member_weights(self, index: int) -> list[np.ndarray]:
+        engine, j = self._locate(index)
+        return engine.get_member_weights(j)
+
+    def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
+        engine, j = self._locate(index)
+        engine.set_member_weights(j, weights)
+
     def build(self, input_shape: Any = None) -> None:
         self.built = True
 
-    def call(self, inputs: Any, training: bool | None = None) -> list:
-        if self._engine == "fused":
-            outputs = self._fused(inputs, training=training)
-            if training and self._shared_loss is not None:
-                # One output, one loss: the training step reads the stacked output directly
-                # (see fused.py); anything else gets the members' outputs as a list.
-                return tree.flatten(outputs)[0]
-            return fused_lib.split_outputs(outputs, len(self._members))
-        return [
-            member(data_lib.member_inputs(inputs, member), training=training)
-            for member in self._members
-        ]
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        """The members' outputs: a list of N (member order), or raw per-engine ones in training.
+
+        In training the outputs go to `compute_loss` as each engine produced them (a fused
+        group's stacked output, say), one entry per engine the pack's optimizer updates.
+        """
+        if training:
+            return tuple(engine.call(inputs, training=True) for engine in self._gradient_engines)
+        outputs: list = [None] * len(self._members)
+        for engine in self._engines:
+            raw = engine.call(inputs, training=training)
+            for i, output in zip(engine.member_ids, engine.member_outputs(raw)):
+                outputs[i] = output
+        return outputs
+
+    @property
+    def _gradient_engines(self) -> list[Engine]:
+        """The engines whose members the pack's optimizer updates from the summed loss."""
+        return [engine for engine in self._engines if not engine.updates_itself]
+
+    @property
+    def _stepping_engines(self) -> list[Engine]:
+        """The engines that update their members themselves in the pack's step."""
+        return [engine for engine in self._engines if engine.updates_itself]
+
+    def _engine_outputs(self, y_pred: Any) -> list:
+        """Each gradient engine's share of `y_pred` (raw in training, or the member list)."""
+        if isinstance(y_pred, tuple):
+            return list(y_pred)
+        return [[y_pred[i] for i in engine.member_ids] for engine in self._gradient_engines]
 
     # Compile -----------------------------------------------------------------------------
 
@@ -291,20 +331,25 @@ class ModelPack(keras.Model):
                 raise ValueError(f"Invalid loss for member {i}: got None. Pass a loss.")
         metric_specs = members_lib.member_metrics(metrics, n)
         weighted_specs = members_lib.member_metrics(weighted_metrics, n)
-        for i, member in enumerate(self._members):
-            member.compile(
-                optimizer=optimizers[i],
-                loss=losses[i],
-                loss_weights=loss_weights,
-                metrics=metric_specs[i],
-                weighted_metrics=weighted_specs[i],
-                run_eagerly=run_eagerly,
-                jit_compile=False,
-                auto_scale_loss=auto_scale_loss,
-            )
+        member_args = [
+            {
+                "optimizer": optimizers[i],
+                "loss": losses[i],
+                "loss_weights": loss_weights,
+                "metrics": metric_specs[i],
+                "weighted_metrics": weighted_specs[i],
+                "run_eagerly": run_eagerly,
+                "jit_compile": False,
+                "auto_scale_loss": auto_scale_loss,
+            }
+            for i in range(n)
+        ]
+        pack_optimizer = self._pack_optimizer(optimizers)
+        for engine in self._engines:
+            engine.compile([member_args[i] for i in engine.member_ids])
         distributed = self._distributed()
         if steps_per_execution == "auto":
-            steps_per_execution = 1 if distributed else _DEFAULT_STEPS_PER_EXECUTION[self._engine]
+            steps_per_execution = 1 if distributed else _default_steps_per_execution(self.engine)
         elif distributed and steps_per_execution != 1:
             raise ValueError(
                 f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
@@ -312,12 +357,7 @@ class ModelPack(keras.Model):
                 "MirroredStrategy (keras-team/keras#19246), so a pack under a strategy runs one "
                 'step per call: pass steps_per_execution=1 or "auto".'
             )
-        pack_optimizer = None
-        if self._engine == "fused":
-            pack_optimizer = self._vectorized_optimizer(optimizers)
-        if pack_optimizer is None:
-            pack_optimizer = MemberOptimizers(optimizers)
-        elif jit_compile == "auto":
+        if jit_compile == "auto" and not self._stepping_engines:
             jit_compile = not run_eagerly and not distributed and self._members_support_jit()
         super().compile(
             optimizer=pack_optimizer,
@@ -338,12 +378,13 @@ class ModelPack(keras.Model):
             "jit_compile": jit_compile,
             "auto_scale_loss": auto_scale_loss,
         }
-        self._shared_loss = fused_lib.shared_loss(self) if self._engine == "fused" else None
         if self.built and all(m.built for m in self._members):
             self._build_member_state()
 
-    def _vectorized_optimizer(self, optimizers: list) -> VectorizedOptimizer | None:
-        """The fused engine's optimizer, or None after falling back to the graph engine."""
+    def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
+        """The optimizer Keras sees: vectorized over fused groups, or the members' own."""
+        if not self._gradient_engines:
+            return MemberOptimizers(optimizers)
         try:
             return VectorizedOptimizer(optimizers)
         except ValueError as e:
@@ -358,15 +399,14 @@ class ModelPack(keras.Model):
                     "fused engine before; build a new pack to train these optimizers."
                 ) from None
             self._fall_back_to_graph(f"not fused: the optimizers cannot be vectorized: {e}")
-            return None
+            return MemberOptimizers(optimizers)
 
     def _fall_back_to_graph(self, reason: str) -> None:
         """Moves a pack whose members were fused at construction onto the graph engine."""
-        fused_lib.sync_members(self)
-        self._layers.remove(self._fused)
-        object.__delattr__(self, "_fused")
-        self._tracked_members = list(self._members)
-        self._engine = "graph"
+        for engine in self._engines:
+            engine.sync_members()
+        members = list(self._members)
+        self._set_engines([_graph_engine_class()(members, range(len(members)), self._options)])
         self._fusion_report = reason
         logger.info("ModelPack %s: %s", self.name, reason)
 
@@ -385,16 +425,17 @@ class ModelPack(keras.Model):
         backend is no faster than TensorFlow's own kernels and its compile time is lost
         (measured on a 16-member small CNN: same steady throughput, 1.5x slower end to end).
         """
-        from keras.src.trainers.trainer import model_supports_jit
-
-        if keras.backend.backend() == "torch" or not model_supports_jit(self._fused):
+        if keras.backend.backend() == "torch":
+            return False
+        if not all(engine.supports_jit() for engine in self._gradient_engines):
             return False
         if keras.backend.backend() == "tensorflow" and not _has_gpu():
             spatial = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
             pooling = ("Pooling1D", "Pooling2D")
-            for layer in self._members[0].layers:
-                if isinstance(layer, spatial) or type(layer).__name__.endswith(pooling):
-                    return False
+            for member in self._members:
+                for layer in member.layers:
+                    if isinstance(layer, spatial) or type(layer).__name__.endswith(pooling):
+                        return False
         return True
 
     def get_compile_config(self) -> dict:
@@ -412,17 +453,22 @@ class ModelPack(keras.Model):
             if not member.optimizer.built:
                 member.optimizer.build(member.trainable_variables)
         if not self.optimizer.built:
-            self.optimizer.build(self.trainable_variables if self._engine == "fused" else [])
+            self.optimizer.build(self._gradient_variables())
+
+    def _gradient_variables(self) -> list:
+        """The trainable variables the pack's optimizer updates (the fused groups')."""
+        return [
+            variable
+            for engine in self._gradient_engines
+            for layer in engine.keras_objects()
+            for variable in layer.trainable_variables
+        ]
 
     @property
     def metrics(self) -> list:
-        if self._engine == "fused":
-            result = [self._loss_state, *self._metric_states.values()]
-            result += [m._compile_metrics for m in self._members if m._compile_metrics is not None]
-            return result
         result = []
-        for member in self._members:
-            result.extend(member.metrics)
+        for engine in self._engines:
+            result.extend(engine.metrics)
         return result
 
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
@@ -451,14 +497,14 @@ class ModelPack(keras.Model):
                     data_batch = next(data_or_iterator)
                 break
         if data_batch is not None:
-            for member, batch in zip(
-                self._members, data_lib.member_batches(self, data_batch, training=False)
-            ):
+            n = len(self._members)
+            batches = data_lib.member_batches(data_batch, self._members, range(n), n, shard=False)
+            for member, batch in zip(self._members, batches):
                 member._symbolic_build(data_batch=batch)
-            if self._engine == "fused" and self.compiled:
-                fused_lib.build_metric_states(
-                    self, keras.utils.unpack_x_y_sample_weight(data_batch)[1]
-                )
+            if self.compiled:
+                y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
+                for engine in self._gradient_engines:
+                    engine.build_metric_states(y)
         self.built = True
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
@@ -480,18 +526,18 @@ class ModelPack(keras.Model):
     # Steps -------------------------------------------------------------------------------
 
     def train_step(self, *args: Any) -> Any:
-        if self._engine == "fused":
-            return replicas.multi_worker_logs(super().train_step(*args))
-        from keras_gpushare.pack import graph
+        if self._stepping_engines:
+            from keras_gpushare.pack import _tf_steps
 
-        return replicas.multi_worker_logs(graph.train_step(self, *args))
+            return replicas.multi_worker_logs(_tf_steps.train_step(self, *args))
+        return replicas.multi_worker_logs(super().train_step(*args))
 
     def test_step(self, *args: Any) -> Any:
-        if self._engine == "fused":
-            return replicas.multi_worker_logs(super().test_step(*args))
-        from keras_gpushare.pack import graph
+        if self._stepping_engines:
+            from keras_gpushare.pack import _tf_steps
 
-        return replicas.multi_worker_logs(graph.test_step(self, *args))
+            return replicas.multi_worker_logs(_tf_steps.test_step(self, *args))
+        return replicas.multi_worker_logs(super().test_step(*args))
 
     def compute_loss(
         self,
@@ -501,12 +547,47 @@ class ModelPack(keras.Model):
         sample_weight: Any = None,
         training: bool = True,
     ) -> Any:
-        """The fused engine's loss: the sum of the active members' own compiled losses."""
-        return fused_lib.compute_loss(self, x, y, y_pred, sample_weight, training)
+        """The sum of the active members' own compiled losses (plus regularization).
+
+        Members the pack's optimizer updates contribute; a member whose loss is not finite
+        is frozen (`on_nan="freeze"`). Like Keras's own losses, the total is divided by the
+        number of replicas under a `tf.distribute` strategy.
+        """
+        status = ops.convert_to_tensor(self._status)
+        new_status = status
+        total = ops.convert_to_tensor(0.0)
+        engines = self._gradient_engines
+        for engine, raw in zip(engines, self._engine_outputs(y_pred)):
+            current = ops.take(status, engine.member_ids)
+            engine_total, freeze = engine.loss(x, y, raw, sample_weight, current, training)
+            total = total + engine_total
+            if training:
+                new_status = ops.scatter_update(
+                    new_status,
+                    [[i] for i in engine.member_ids],
+                    ops.where(freeze, FROZEN_NAN, current),
+                )
+        if training and engines:
+            self._status.assign(new_status)
+        regularization = [
+            loss for engine in engines for layer in engine.keras_objects() for loss in layer.losses
+        ]
+        if regularization:
+            total = total + ops.cast(ops.sum(ops.stack(regularization)), "float32")
+        return scale_loss_for_distribution(total)
 
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> dict:
-        """The fused engine's metrics: every member's own, logged as `m{i}_<name>`."""
-        return fused_lib.compute_metrics(self, x, y, y_pred, sample_weight)
+        """Updates every member's metrics and returns the pack's logs (`m{i}_<name>`)."""
+        for engine, raw in zip(self._gradient_engines, self._engine_outputs(y_pred)):
+            engine.update_metrics(y, raw, sample_weight)
+        return self._logs()
+
+    def _logs(self) -> dict:
+        figures: list = [None] * len(self._members)
+        for engine in self._engines:
+            for i, member_figures in zip(engine.member_ids, engine.figures()):
+                figures[i] = member_figures
+        return pack_logs(figures)
 
     # Fit / predict -----------------------------------------------------------------------
 
@@ -590,7 +671,7 @@ class ModelPack(keras.Model):
             "data": self._data_mode,
             "fuse": self._fuse,
             "on_nan": self._on_nan,
-            "engine": self._engine,
+            "engine": self.engine,
         }
 
     @classmethod
@@ -603,17 +684,6 @@ class ModelPack(keras.Model):
             config["fuse"] = False
         return cls(**config)
 
-    def _get_member_weights(self, index: int) -> list[np.ndarray]:
-        if self._engine == "fused":
-            return fused_lib.member_weights(self, index)
-        return self._members[index].get_weights()
-
-    def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
-        if self._engine == "fused":
-            fused_lib.set_member_weights(self, index, weights)
-        else:
-            self._members[index].set_weights(weights)
-
 
 def _has_gpu() -> bool:
     import tensorflow as tf
@@ -621,17 +691,17 @@ def _has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-class _MemberList:
-    """The members, held where Keras does not track them as the pack's own layers.
+class _Items:
+    """A fixed sequence of objects Keras must not track as the pack's own (members, engines).
 
-    On the graph engine the pack also keeps them in a tracked list (their variables are the
-    pack's); on the fused engine the stacked copies are, and the members are views.
+    Members of a fused group are views of the stacked weights, not the pack's layers; the
+    engines are plain objects whose Keras parts the pack tracks itself (`_engine_layers`).
     """
 
-    def __init__(self, members: list[keras.Model]) -> None:
-        self._items = list(members)
+    def __init__(self, items: Sequence[Any]) -> None:
+        self._items = list(items)
 
-    def __getitem__(self, index: int) -> keras.Model:
+    def __getitem__(self, index: int) -> Any:
         return self._items[index]
 
     def __len__(self) -> int:
@@ -639,6 +709,17 @@ class _MemberList:
 
     def __iter__(self):
         return iter(self._items)
+
+
+def _graph_engine_class() -> type[Engine]:
+    """The graph engine (TensorFlow), imported only where it is used."""
+    from keras_gpushare.pack.engines.graph import GraphEngine
+
+    return GraphEngine
+
+
+def _default_steps_per_execution(engine: str) -> int:
+    return _DEFAULT_STEPS_PER_EXECUTION["fused" if engine == "fused" else "graph"]
 
 
 def _choose_engine(members: list[keras.Model], fuse: str | bool, data: str) -> tuple[str, Any]:
