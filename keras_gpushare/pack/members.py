@@ -74,8 +74,14 @@ def member_optimizers(optimizer: Any, n: int) -> list[keras.optimizers.Optimizer
             f"Invalid value for argument `optimizer`: got {len(optimizer)} optimizers for {n} "
             f"members. Pass one optimizer for all members or a list of {n}."
         )
+    check_distinct_optimizers(optimizer)
+    return [_get_optimizer(value, f"member {i}") for i, value in enumerate(optimizer)]
+
+
+def check_distinct_optimizers(optimizers: Sequence[Any]) -> None:
+    """Raises when two members would share one optimizer instance (and so its state)."""
     seen: dict[int, int] = {}
-    for i, value in enumerate(optimizer):
+    for i, value in enumerate(optimizers):
         if id(value) in seen and isinstance(value, keras.optimizers.Optimizer):
             raise ValueError(
                 f"Invalid value for argument `optimizer`: member {i} and member "
@@ -84,7 +90,6 @@ def member_optimizers(optimizer: Any, n: int) -> list[keras.optimizers.Optimizer
                 "optimizer for all members and the pack copies it per member."
             )
         seen[id(value)] = i
-    return [_get_optimizer(value, f"member {i}") for i, value in enumerate(optimizer)]
 
 
 def _get_optimizer(value: Any, who: str) -> keras.optimizers.Optimizer:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -12,13 +14,14 @@ import numpy as np
 from keras import ops, tree
 from keras.src.losses.loss import scale_loss_for_distribution
 
-from keras_gpushare.pack import chief, replicas
+from keras_gpushare.pack import _batch_calls, _compile_args, chief, replicas
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack.engines.base import Engine, EngineOptions
 from keras_gpushare.pack.engines.fused import FusedEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer, fusion_report
 from keras_gpushare.pack.logs import pack_logs
+from keras_gpushare.pack.member_callbacks import per_member_callbacks
 from keras_gpushare.pack.members import FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
 from keras_gpushare.pack.watcher import StatusWatcher
@@ -109,7 +112,9 @@ class ModelPack(keras.Model):
         self._fuse = fuse
         self._on_nan = on_nan
         self._fusion_report = report
-        self._options = EngineOptions(len(members), on_nan=on_nan, data_mode=data)
+        self._options = EngineOptions(
+            tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
+        )
         engine_class = FusedEngine if kind == "fused" else _graph_engine_class()
         self._set_engines([engine_class(members, range(len(members)), self._options)])
         self._status = self.add_weight(
@@ -123,6 +128,7 @@ class ModelPack(keras.Model):
             aggregation="only_first_replica",
         )
         self._member_compile_args: dict[str, Any] | None = None
+        self._loss_scale = None
         if all(m.built for m in members):
             self.built = True
         logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), kind)
@@ -279,7 +285,7 @@ class ModelPack(keras.Model):
 
     def compile(
         self,
-        optimizer: Any = "rmsprop",
+        optimizer: Any = None,
         loss: Any = None,
         loss_weights: Any = None,
         metrics: Any = None,
@@ -293,63 +299,63 @@ class ModelPack(keras.Model):
 
         `optimizer`, `loss`, `metrics` and `weighted_metrics` take one value for all members
         or a list with one value per member. One optimizer is copied per member (each keeps
-        its own state); a list must hold a distinct optimizer for each member.
+        its own state); a list must hold a distinct optimizer for each member. An argument
+        left at `None` keeps what each member was compiled with before it joined the pack
+        (`pack.compile()` alone compiles every member as it was).
 
         Args:
             optimizer: optimizer name or instance, or a list of one per member. Defaults to
-                `"rmsprop"`.
-            loss: loss for all members, or a list of one per member. Required.
+                `None`: each member's own optimizer (state included), or `"rmsprop"` for a
+                member that was not compiled.
+            loss: loss for all members, or a list of one per member. Defaults to `None`:
+                each member's own loss (every member must then have been compiled).
             loss_weights: as in `keras.Model.compile`, for every member. Defaults to `None`.
             metrics: metrics for all members (`["mae"]`) or one list per member
                 (`[["mae"], ["mse"]]`). Defaults to `None`.
             weighted_metrics: as `metrics`, weighted by sample weights. Defaults to `None`.
             run_eagerly: run steps eagerly (debugging). Defaults to `False`.
-            steps_per_execution: batches per compiled call; `"auto"` picks 64 on the fused
+            steps_per_execution: batches per compiled call. `"auto"` picks 64 on the fused
                 engine and 16 on the graph engine (measured best for small members on
-                CPU), which hides Keras's per-call overhead; under a `tf.distribute`
+                CPU), which hides Keras's per-call overhead, except in a `fit`, `evaluate` or
+                `predict` given a callback that acts on every batch (batch hooks, an integer
+                `save_freq` or `update_freq`): those run one batch per call, as Keras's
+                default does, so the callback sees every batch. Under a `tf.distribute`
                 strategy it must be 1 (`"auto"` picks 1). Defaults to `"auto"`.
             jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
                 layers support XLA (also on CPU, where plain Keras leaves it off) and no
                 `tf.distribute` strategy is in use, and leaves the graph engine to Keras's
                 rule (XLA with a GPU only: on CPU, compiling N members costs more than it
                 saves). Defaults to `"auto"`.
-            auto_scale_loss: as in `keras.Model.compile`. Defaults to `True`.
+            auto_scale_loss: as in `keras.Model.compile` (mixed precision): each member
+                scales its own loss dynamically. Defaults to `True`.
         """
-        n = len(self._members)
-        if loss is None:
-            raise ValueError(
-                "Invalid value for argument `loss`: got None. A ModelPack trains its members "
-                'with compiled losses: pass one loss for all members (e.g. `loss="mse"`) or a '
-                f"list of {n}."
-            )
-        optimizers = members_lib.member_optimizers(optimizer, n)
-        losses = members_lib.member_losses(
-            loss, n, [data_lib.output_count(m) for m in self._members]
+        args = _compile_args.member_args(
+            self._members,
+            optimizer,
+            loss,
+            loss_weights,
+            metrics,
+            weighted_metrics,
+            run_eagerly,
+            auto_scale_loss,
         )
-        for i, member_loss in enumerate(losses):
-            if member_loss is None:
-                raise ValueError(f"Invalid loss for member {i}: got None. Pass a loss.")
-        metric_specs = members_lib.member_metrics(metrics, n)
-        weighted_specs = members_lib.member_metrics(weighted_metrics, n)
-        member_args = [
-            {
-                "optimizer": optimizers[i],
-                "loss": losses[i],
-                "loss_weights": loss_weights,
-                "metrics": metric_specs[i],
-                "weighted_metrics": weighted_specs[i],
-                "run_eagerly": run_eagerly,
-                "jit_compile": False,
-                "auto_scale_loss": auto_scale_loss,
-            }
-            for i in range(n)
-        ]
-        pack_optimizer = self._pack_optimizer(optimizers)
+        self._compile_members(args, run_eagerly, steps_per_execution, jit_compile)
+
+    def _compile_members(
+        self,
+        member_args: list[dict],
+        run_eagerly: bool,
+        steps_per_execution: int | str,
+        jit_compile: bool | str,
+    ) -> None:
+        """Compiles each member with its arguments, then the pack around them."""
         for engine in self._engines:
             engine.compile([member_args[i] for i in engine.member_ids])
+        pack_optimizer = self._pack_optimizer([m.optimizer for m in self._members])
         distributed = self._distributed()
-        if steps_per_execution == "auto":
-            steps_per_execution = 1 if distributed else _default_steps_per_execution(self.engine)
+        self._auto_steps = steps_per_execution == "auto"
+        if self._auto_steps:
+            resolved_steps = 1 if distributed else _default_steps_per_execution(self.engine)
         elif distributed and steps_per_execution != 1:
             raise ValueError(
                 f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
@@ -357,41 +363,45 @@ class ModelPack(keras.Model):
                 "MirroredStrategy (keras-team/keras#19246), so a pack under a strategy runs one "
                 'step per call: pass steps_per_execution=1 or "auto".'
             )
+        else:
+            resolved_steps = steps_per_execution
+        resolved_jit = jit_compile
         if jit_compile == "auto" and not self._stepping_engines:
-            jit_compile = not run_eagerly and not distributed and self._members_support_jit()
+            resolved_jit = not run_eagerly and not distributed and self._members_support_jit()
         super().compile(
             optimizer=pack_optimizer,
             loss=None,
             run_eagerly=run_eagerly,
-            steps_per_execution=steps_per_execution,
-            jit_compile=jit_compile,
-            auto_scale_loss=auto_scale_loss,
+            steps_per_execution=resolved_steps,
+            jit_compile=resolved_jit,
+            # Each member scales its own loss (see VectorizedOptimizer.attach_loss_scale).
+            auto_scale_loss=False,
         )
+        self._attach_loss_scale()
         self._member_compile_args = {
-            "optimizer": optimizers,
-            "loss": losses,
-            "loss_weights": loss_weights,
-            "metrics": metric_specs,
-            "weighted_metrics": weighted_specs,
+            "members": member_args,
             "run_eagerly": run_eagerly,
             "steps_per_execution": steps_per_execution,
             "jit_compile": jit_compile,
-            "auto_scale_loss": auto_scale_loss,
         }
         if self.built and all(m.built for m in self._members):
             self._build_member_state()
 
     def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
         """The optimizer Keras sees: vectorized over fused groups, or the members' own."""
-        if not self._gradient_engines:
+        engines = self._gradient_engines
+        if not engines:
             return MemberOptimizers(optimizers)
         try:
-            return VectorizedOptimizer(optimizers)
+            optimizer = VectorizedOptimizer(
+                optimizers, groups=[engine.member_ids for engine in engines]
+            )
         except ValueError as e:
-            if self._fuse is True:
+            if self._fuse is True or keras.backend.backend() != "tensorflow":
                 raise ValueError(
-                    f"Invalid value for argument `optimizer` with fuse=True: {e} Or build the "
-                    'pack with fuse="auto" to train such members on the graph engine.'
+                    f"Invalid value for argument `optimizer`: {e} The fused engine cannot "
+                    "train it; the graph engine can, on the TensorFlow backend with "
+                    'fuse="auto" or fuse=False.'
                 ) from None
             if self.compiled:
                 raise ValueError(
@@ -400,6 +410,15 @@ class ModelPack(keras.Model):
                 ) from None
             self._fall_back_to_graph(f"not fused: the optimizers cannot be vectorized: {e}")
             return MemberOptimizers(optimizers)
+        optimizer.set_variable_groups(
+            [
+                (variable, g)
+                for g, engine in enumerate(engines)
+                for layer in engine.keras_objects()
+                for variable in layer.trainable_variables
+            ]
+        )
+        return optimizer
 
     def _fall_back_to_graph(self, reason: str) -> None:
         """Moves a pack whose members were fused at construction onto the graph engine."""
@@ -408,7 +427,9 @@ class ModelPack(keras.Model):
         members = list(self._members)
         self._set_engines([_graph_engine_class()(members, range(len(members)), self._options)])
         self._fusion_report = reason
-        logger.info("ModelPack %s: %s", self.name, reason)
+        message = f"ModelPack {self.name} trains on the graph engine, not fused: {reason}"
+        logger.warning(message)
+        warnings.warn(message, stacklevel=3)
 
     def _distributed(self) -> bool:
         """Whether this pack trains under a `tf.distribute` strategy."""
@@ -445,24 +466,46 @@ class ModelPack(keras.Model):
 
     def compile_from_config(self, config: dict) -> None:
         config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
+        if "members" not in config:
+            # Written by keras-gpushare 0.1 (one list per argument).
+            self.compile(**config)
+            return
+        self._compile_members(
+            config["members"],
+            config["run_eagerly"],
+            config["steps_per_execution"],
+            config["jit_compile"],
+        )
 
     def _build_member_state(self) -> None:
-        """Creates every member's optimizer variables (needed before loading saved state)."""
+        """Creates every member's optimizer variables and the pack optimizer's.
+
+        A member's optimizer that already holds state (the member trained before it joined
+        the pack) hands that state to the pack's optimizer, so training continues from it.
+        """
         for member in self._members:
             if not member.optimizer.built:
                 member.optimizer.build(member.trainable_variables)
         if not self.optimizer.built:
             self.optimizer.build(self._gradient_variables())
+            for engine in self._gradient_engines:
+                engine.read_optimizer_state(self.optimizer)
 
     def _gradient_variables(self) -> list:
-        """The trainable variables the pack's optimizer updates (the fused groups')."""
-        return [
-            variable
+        """The trainable variables the pack's optimizer updates, in Keras's order.
+
+        The fused groups' stacked weights and the members' loss scales: Keras hands the
+        pack's optimizer `trainable_variables` in this order on every backend.
+        """
+        ids = {
+            id(variable)
             for engine in self._gradient_engines
             for layer in engine.keras_objects()
             for variable in layer.trainable_variables
-        ]
+        }
+        if self._loss_scale is not None:
+            ids.add(id(self._loss_scale))
+        return [v for v in self.trainable_variables if id(v) in ids]
 
     @property
     def metrics(self) -> list:
@@ -498,7 +541,9 @@ class ModelPack(keras.Model):
                 break
         if data_batch is not None:
             n = len(self._members)
-            batches = data_lib.member_batches(data_batch, self._members, range(n), n, shard=False)
+            batches = data_lib.member_batches(
+                data_batch, self._members, range(n), self._options.output_counts, shard=False
+            )
             for member, batch in zip(self._members, batches):
                 member._symbolic_build(data_batch=batch)
             if self.compiled:
@@ -510,18 +555,61 @@ class ModelPack(keras.Model):
 
     def _check_labels(self, x: Any, y: Any) -> None:
         """Raises, naming the member, when the labels cannot match the members' outputs."""
+        self._options.output_counts = tuple(data_lib.output_count(m) for m in self._members)
         if y is None and hasattr(x, "element_spec"):
             spec = x.element_spec
             y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
-        n = len(self._members)
-        per_member = data_lib.labels_per_member(y, n)
+        per_member = data_lib.labels_per_member(y, self._options.output_counts)
         for i, member in enumerate(self._members):
             data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
+        data_lib.check_label_ranges(y, self._members)
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`."""
-        self._check_labels(x, y)
-        return super().evaluate(x, y, *args, **kwargs)
+        """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`.
+
+        Without `return_dict=True` the result is a list in the order of `metrics_names`:
+        `loss` (the members' mean), then each member's figures (`m0_loss`, `m0_mae`, ...).
+        """
+        if not kwargs.get("_use_cached_eval_dataset"):
+            # Not the validation inside `fit`, whose labels `fit` checked.
+            self._check_labels(x, y)
+        return_dict = kwargs.pop("return_dict", False)
+        with self._steps_for(kwargs.get("callbacks")):
+            logs = super().evaluate(x, y, *args, return_dict=True, **kwargs)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    @property
+    def metrics_names(self) -> list[str]:
+        """The names of the pack's figures, in the order `evaluate` returns them."""
+        return list(self._logs())
+
+    @contextlib.contextmanager
+    def _steps_for(self, callbacks: Any) -> Iterator[None]:
+        """One batch per compiled call while a callback acts on every batch.
+
+        With `steps_per_execution="auto"` (many batches per call) Keras would call such a
+        callback once per call instead of once per batch, unlike a plain `fit`.
+        """
+        if isinstance(callbacks, keras.callbacks.CallbackList) or not (
+            getattr(self, "_auto_steps", False)
+            and self.steps_per_execution != 1
+            and _batch_calls.any_act_on_batches(callbacks or [])
+        ):
+            yield
+            return
+        steps = self.steps_per_execution
+        self._reset_step_functions(1)
+        try:
+            yield
+        finally:
+            self._reset_step_functions(steps)
+
+    def _reset_step_functions(self, steps: int) -> None:
+        self.steps_per_execution = steps
+        self.train_function = self.test_function = self.predict_function = None
 
     # Steps -------------------------------------------------------------------------------
 
@@ -555,12 +643,15 @@ class ModelPack(keras.Model):
         """
         status = ops.convert_to_tensor(self._status)
         new_status = status
+        scales = self._loss_scales() if training else None
         total = ops.convert_to_tensor(0.0)
         engines = self._gradient_engines
         for engine, raw in zip(engines, self._engine_outputs(y_pred)):
             current = ops.take(status, engine.member_ids)
-            engine_total, freeze = engine.loss(x, y, raw, sample_weight, current, training)
-            total = total + engine_total
+            losses, freeze = engine.loss(x, y, raw, sample_weight, current, training)
+            if scales is not None:
+                losses = losses * ops.take(scales, engine.member_ids)
+            total = total + ops.sum(losses)
             if training:
                 new_status = ops.scatter_update(
                     new_status,
@@ -575,6 +666,39 @@ class ModelPack(keras.Model):
         if regularization:
             total = total + ops.cast(ops.sum(ops.stack(regularization)), "float32")
         return scale_loss_for_distribution(total)
+
+    def _loss_scales(self) -> Any:
+        """Each member's loss scale in training (fixed factor times dynamic scale), or None.
+
+        The gradient of the scaled loss with respect to the dynamic scale is the member's
+        loss: the vectorized optimizer reads from it which members trained this step.
+        """
+        optimizer = self.optimizer
+        if not isinstance(optimizer, VectorizedOptimizer):
+            return None
+        factors = optimizer.loss_scale_factors()
+        if self._loss_scale is None:
+            return None if np.all(factors == 1.0) else ops.convert_to_tensor(factors)
+        return ops.convert_to_tensor(factors) * ops.convert_to_tensor(self._loss_scale)
+
+    def _attach_loss_scale(self) -> None:
+        """Gives the members' dynamic loss scales (mixed precision) a variable, when needed."""
+        optimizer = self.optimizer
+        if not isinstance(optimizer, VectorizedOptimizer) or not optimizer.uses_dynamic_loss_scale:
+            return
+        if self._loss_scale is None:
+            self._loss_scale = self.add_weight(
+                name="member_loss_scale",
+                shape=(len(self._members),),
+                initializer=keras.initializers.Constant(optimizer.initial_loss_scales()),
+                trainable=True,
+            )
+        optimizer.attach_loss_scale(self._loss_scale)
+
+    def _learning_rate_handle(self, index: int) -> Any:
+        """What sets member `index`'s learning rate (`MemberView.optimizer`)."""
+        engine, j = self._locate(index)
+        return engine.learning_rate_handle(j, self.optimizer)
 
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> dict:
         """Updates every member's metrics and returns the pack's logs (`m{i}_<name>`)."""
@@ -592,18 +716,30 @@ class ModelPack(keras.Model):
     # Fit / predict -----------------------------------------------------------------------
 
     def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Trains every member; same arguments and return value as `keras.Model.fit`."""
+        """Trains every member; same arguments and return value as `keras.Model.fit`.
+
+        Keras callbacks written for one model act on each member as in a fit of its own:
+        `EarlyStopping` and `ReduceLROnPlateau` watching a figure every member has
+        (`"val_loss"`) and `LearningRateScheduler` run once per member (see
+        `MemberEarlyStopping`); a monitor naming one member's figure (`"val_m2_loss"`)
+        acts on the whole pack.
+        """
         if not self.compiled:
             raise RuntimeError(
                 "You must call `compile()` on the ModelPack before `fit()`: "
                 'pack.compile(optimizer="adam", loss="mse").'
             )
         self._check_labels(x, y)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (list, tuple)) and len(validation) >= 2:
+            self._check_labels(validation[0], validation[1])
         if self._data_mode == "shard":
             self._check_shardable(x)
-        callbacks = chief.chief_callbacks(self, list(kwargs.pop("callbacks", None) or []))
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
-        history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+        with self._steps_for(callbacks):
+            history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
         if all(m.built for m in self._members):
             self.built = True
         return history
@@ -632,7 +768,8 @@ class ModelPack(keras.Model):
         Returns:
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
-        outputs = super().predict(x, *args, **kwargs)
+        with self._steps_for(kwargs.get("callbacks")):
+            outputs = super().predict(x, *args, **kwargs)
         if not stack:
             return outputs
         shapes = {tuple(np.shape(o)) for o in outputs}
@@ -719,6 +856,8 @@ def _graph_engine_class() -> type[Engine]:
 
 
 def _default_steps_per_execution(engine: str) -> int:
+    if keras.backend.backend() == "torch":
+        return 1  # Keras's torch trainer runs one batch per call.
     return _DEFAULT_STEPS_PER_EXECUTION["fused" if engine == "fused" else "graph"]
 
 

@@ -27,12 +27,13 @@ class EngineOptions:
     """What an engine needs to know about the pack it serves.
 
     Attributes:
-        n_members: the pack's member count N (labels given per member have N entries).
+        output_counts: every member's number of outputs (`None` where unknown), in member
+            order; how labels are split between members depends on them.
         on_nan: `"freeze"` or `"ignore"`.
         data_mode: `"replicate"` or `"shard"`.
     """
 
-    n_members: int
+    output_counts: tuple
     on_nan: str = "freeze"
     data_mode: str = "replicate"
 
@@ -112,6 +113,11 @@ class Engine:
         """Puts `weights` into member j of this group."""
         self.members[j].set_weights(weights)
 
-    def learning_rate_handles(self) -> list:
-        """One object per member with a settable `learning_rate` (what LR callbacks set)."""
-        return [member.optimizer for member in self.members]
+    def learning_rate_handle(self, j: int, optimizer: Any) -> Any:
+        """What sets member j's learning rate (an object with a settable `learning_rate`).
+
+        Args:
+            j: the member's position in this group.
+            optimizer: the pack's optimizer.
+        """
+        return self.members[j].optimizer

@@ -168,11 +168,11 @@ class FusedEngine(Engine):
     # Loss and metrics --------------------------------------------------------------------
 
     def _targets(self, y: Any, sample_weight: Any) -> list:
-        targets = data_lib.member_targets(y, sample_weight, self.options.n_members)
+        targets = data_lib.member_targets(y, sample_weight, self.options.output_counts)
         return [targets[i] for i in self.member_ids]
 
     def _labels_shared(self, y: Any) -> bool:
-        return not data_lib.labels_per_member(y, self.options.n_members)
+        return not data_lib.labels_per_member(y, self.options.output_counts)
 
     def _member_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         """Every member's loss on this replica's batch, shape (k,), not scaled for replicas."""
@@ -189,7 +189,7 @@ class FusedEngine(Engine):
     def loss(
         self, x: Any, y: Any, y_pred: Any, sample_weight: Any, status: Any, training: bool
     ) -> tuple[Any, Any]:
-        """The sum of this group's active members' losses, and which members to freeze.
+        """This group's member losses to sum, and which members to freeze.
 
         Every member's loss goes into the group's stacked loss state. In training, a member
         that is not active gets a NaN factor on its loss, hence a non-finite gradient that
@@ -197,25 +197,35 @@ class FusedEngine(Engine):
         any replica, under a `tf.distribute` strategy) is to be frozen.
 
         Returns:
-            `(total, freeze)`: the summed loss and a boolean (k,) vector (all false outside
-            training or with `on_nan="ignore"`).
+            `(losses, freeze)`: the (k,) losses whose sum the pack differentiates, and a
+            boolean (k,) vector (all false outside training or with `on_nan="ignore"`).
         """
         losses = self._member_losses(y, y_pred, sample_weight)
         batch = ops.cast(_batch_size(x), "float32")
         if not training:
             self.loss_state.update_state(losses, ops.ones_like(losses) * batch)
-            return ops.sum(losses), ops.zeros(losses.shape, dtype="bool")
+            return losses, ops.zeros(losses.shape, dtype="bool")
         active = ops.equal(status, ACTIVE)
         finite = ops.isfinite(losses)
         ok = ops.logical_and(active, finite)
         self.loss_state.update_state(
             ops.where(ok, losses, 0.0), ops.where(ok, batch, 0.0) * ops.ones_like(losses)
         )
-        total = ops.sum(losses * ops.where(active, 1.0, float("nan")))
         freeze = ops.zeros(losses.shape, dtype="bool")
         if self.options.on_nan == "freeze":
             freeze = ops.logical_and(active, replicas.any_replica(ops.logical_not(finite)))
-        return total, freeze
+        return losses * ops.where(active, 1.0, float("nan")), freeze
+
+    def read_optimizer_state(self, optimizer: Any) -> None:
+        """Loads the members' own optimizer state (a member trained before) into `optimizer`."""
+        optimizer.read_state_from(
+            [m.optimizer for m in self.members],
+            self.fused.member_variable_map(self.members),
+            self.member_ids,
+        )
+
+    def learning_rate_handle(self, j: int, optimizer: Any) -> Any:
+        return optimizer.optimizers[self.member_ids[j]]
 
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.
@@ -319,7 +329,9 @@ class FusedEngine(Engine):
             if member.optimizer is not None and not member.optimizer.built:
                 member.optimizer.build(member.trainable_variables)
         optimizer.write_state_to(
-            [m.optimizer for m in self.members], self.fused.member_variable_map(self.members)
+            [m.optimizer for m in self.members],
+            self.fused.member_variable_map(self.members),
+            self.member_ids,
         )
 
     def get_member_weights(self, j: int) -> list:

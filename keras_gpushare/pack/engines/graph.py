@@ -33,15 +33,29 @@ def _all_finite(loss: tf.Tensor, grads: list) -> tf.Tensor:
 
 
 def _forward_backward(member: keras.Model, batch: tuple) -> tuple[Any, tf.Tensor, list, list]:
-    """One member's training forward and backward: `(y_pred, loss, variables, grads)`."""
+    """One member's training forward and backward: `(y_pred, loss, variables, grads)`.
+
+    As Keras's own step does, the loss is scaled by the member's optimizer before the
+    gradient (mixed precision: its `LossScaleOptimizer` unscales the gradients); the loss
+    returned is unscaled.
+    """
     x, y, sample_weight = batch
     with tf.GradientTape() as tape:
         y_pred = member(x, training=True)
         loss = member.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
+        scaled = member.optimizer.scale_loss(loss)
     variables = member.trainable_variables
-    return y_pred, loss, variables, tape.gradient(loss, variables)
+    return y_pred, loss, variables, tape.gradient(scaled, variables)
+
+
+def _finite(member: keras.Model, loss: tf.Tensor, grads: list) -> tf.Tensor:
+    """Whether the member's step is sound: its loss, and its gradients unless its
+    optimizer scales the loss (a `LossScaleOptimizer` skips non-finite gradients itself)."""
+    if isinstance(member.optimizer, keras.optimizers.LossScaleOptimizer):
+        return _all_finite(loss, [])
+    return _all_finite(loss, grads)
 
 
 def _update_metrics(member: keras.Model, batch: tuple, y_pred: Any, loss: tf.Tensor) -> None:
@@ -93,7 +107,7 @@ class GraphEngine(Engine):
             data,
             self.members,
             self.member_ids,
-            self.options.n_members,
+            self.options.output_counts,
             shard=training and self.options.data_mode == "shard",
         )
 
@@ -108,7 +122,9 @@ class GraphEngine(Engine):
 
         if self.options.on_nan != "freeze":
             return update()
-        return tf.cond(_all_finite(loss, grads), update, lambda: tf.constant(FROZEN_NAN, tf.int32))
+        return tf.cond(
+            _finite(member, loss, grads), update, lambda: tf.constant(FROZEN_NAN, tf.int32)
+        )
 
     def train(self, data: Any, status: tf.Tensor) -> tf.Tensor:
         """Trains every active member on its part of `data`; returns the new status codes.
@@ -145,7 +161,7 @@ class GraphEngine(Engine):
             y_pred, loss, variables, grads = _forward_backward(member, batch)
             pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
             steps.append((y_pred, loss, pairs))
-            not_finite.append(tf.logical_not(_all_finite(loss, grads)))
+            not_finite.append(tf.logical_not(_finite(member, loss, grads)))
             rows.append(_batch_size(batch[0]))
         not_finite = replicas.any_replica(tf.stack(not_finite))
         rows = replicas.all_replicas_sum(tf.cast(tf.stack(rows), tf.float32))

@@ -29,6 +29,13 @@ def _runs(rules):
     return runs
 
 
+class _Reference:
+    """Holds an object out of Keras's attribute tracking."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class VectorizedOptimizer(keras.optimizers.Optimizer):
     """N members' optimizers applied at once to variables stacked on a member axis.
@@ -98,7 +105,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         self._names = [inner_optimizer(o).name for o in optimizers]
         self._member_configs = [keras.optimizers.serialize(o) for o in optimizers]
         self._variable_groups = {}
-        self._loss_scale = None
+        self._loss_scale_ref = _Reference(None)
         self.member_mask = self.add_variable((n,), initializer="ones", name="member_mask")
         self.nonfinite = self.add_variable((n,), initializer="zeros", name="nonfinite")
         self.member_iterations = self.add_variable(
@@ -130,7 +137,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         each member's gradients, and updates `variable` as Keras's `LossScaleOptimizer`
         updates its scale, instead of a gradient step.
         """
-        self._loss_scale = variable
+        self._loss_scale_ref = _Reference(variable)
+
+    @property
+    def _loss_scale(self):
+        """The pack's loss-scale variable (held, not tracked: it is the pack's, not ours)."""
+        return self._loss_scale_ref.value
 
     @property
     def uses_dynamic_loss_scale(self):
@@ -290,7 +302,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 grads = [ops.convert_to_tensor(g) for g, _ in pairs]
                 variables = [v for _, v in pairs]
-                self._vectorized_update(grads, variables, scale_grad if scale else None)
+                self._vectorized_update(grads, variables, None if scale is None else scale_grad)
         self._iterations.assign_add(1)
 
     def _vectorized_update(self, grads, variables, scale_grad):
