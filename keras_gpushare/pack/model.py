@@ -20,10 +20,12 @@ from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack.engines.base import Engine, EngineOptions
 from keras_gpushare.pack.engines.fused import FusedEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer, fusion_report
+from keras_gpushare.pack.fusion._member_settings import member_settings
 from keras_gpushare.pack.logs import pack_logs
 from keras_gpushare.pack.member_callbacks import per_member_callbacks
 from keras_gpushare.pack.members import FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
+from keras_gpushare.pack.planner import plan_engines
 from keras_gpushare.pack.watcher import StatusWatcher
 
 logger = logging.getLogger(__name__)
@@ -105,18 +107,25 @@ class ModelPack(keras.Model):
                 f'Invalid value for argument `on_nan`: got {on_nan!r}. Expected "freeze" or '
                 '"ignore".'
             )
-        kind, report = _choose_engine(members, fuse, data)
+        groups = kwargs.pop("groups", None)
+        plan = plan_engines(members, fuse, data, groups=groups)
         super().__init__(name=name, **kwargs)
         self._members = _Items(members)
         self._data_mode = data
         self._fuse = fuse
         self._on_nan = on_nan
-        self._fusion_report = report
+        self._fusion_report = plan
         self._options = EngineOptions(
             tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
         )
-        engine_class = FusedEngine if kind == "fused" else _graph_engine_class()
-        self._set_engines([engine_class(members, range(len(members)), self._options)])
+        engines: list[Engine] = [
+            FusedEngine([members[i] for i in group], group, self._options) for group in plan.groups
+        ]
+        if plan.graph:
+            engines.append(
+                _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
+            )
+        self._set_engines(engines)
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -131,7 +140,7 @@ class ModelPack(keras.Model):
         self._loss_scale = None
         if all(m.built for m in members):
             self.built = True
-        logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), kind)
+        logger.info("ModelPack %s: %s", self.name, plan)
 
     def _set_engines(self, engines: list[Engine]) -> None:
         """Holds `engines` and tracks their Keras objects (weights, saving) as the pack's."""
@@ -349,9 +358,11 @@ class ModelPack(keras.Model):
         jit_compile: bool | str,
     ) -> None:
         """Compiles each member with its arguments, then the pack around them."""
-        for engine in self._engines:
-            engine.compile([member_args[i] for i in engine.member_ids])
+        for member, args in zip(self._members, member_args):
+            member.compile(**args)
         pack_optimizer = self._pack_optimizer([m.optimizer for m in self._members])
+        for engine in self._engines:
+            engine.configure([member_args[i] for i in engine.member_ids])
         distributed = self._distributed()
         self._auto_steps = steps_per_execution == "auto"
         if self._auto_steps:
@@ -388,28 +399,38 @@ class ModelPack(keras.Model):
             self._build_member_state()
 
     def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
-        """The optimizer Keras sees: vectorized over fused groups, or the members' own."""
+        """The optimizer Keras sees: vectorized over fused groups, or the members' own.
+
+        A fused member whose optimizer has no vectorized form moves to the graph engine
+        (on TensorFlow with `fuse="auto"`; elsewhere it is an error naming it).
+        """
+        unsupported = {}
+        for engine in self._gradient_engines:
+            for i in engine.member_ids:
+                try:
+                    member_settings(i, optimizers[i])
+                except ValueError as e:
+                    unsupported[i] = str(e)
+        if unsupported:
+            reason = next(iter(unsupported.values()))
+            if self._fuse is True or keras.backend.backend() != "tensorflow":
+                raise ValueError(
+                    f"Invalid value for argument `optimizer`: {reason} The fused engine cannot "
+                    "train it; the graph engine can, on the TensorFlow backend with "
+                    'fuse="auto" or fuse=False.'
+                )
+            if self.compiled:
+                raise ValueError(
+                    f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
+                    "with these members fused before; build a new pack to train them."
+                )
+            self._move_to_graph(unsupported)
         engines = self._gradient_engines
         if not engines:
             return MemberOptimizers(optimizers)
-        try:
-            optimizer = VectorizedOptimizer(
-                optimizers, groups=[engine.member_ids for engine in engines]
-            )
-        except ValueError as e:
-            if self._fuse is True or keras.backend.backend() != "tensorflow":
-                raise ValueError(
-                    f"Invalid value for argument `optimizer`: {e} The fused engine cannot "
-                    "train it; the graph engine can, on the TensorFlow backend with "
-                    'fuse="auto" or fuse=False.'
-                ) from None
-            if self.compiled:
-                raise ValueError(
-                    f"Invalid value for argument `optimizer`: {e} This pack was compiled on the "
-                    "fused engine before; build a new pack to train these optimizers."
-                ) from None
-            self._fall_back_to_graph(f"not fused: the optimizers cannot be vectorized: {e}")
-            return MemberOptimizers(optimizers)
+        optimizer = VectorizedOptimizer(
+            optimizers, groups=[engine.member_ids for engine in engines]
+        )
         optimizer.set_variable_groups(
             [
                 (variable, g)
@@ -420,14 +441,30 @@ class ModelPack(keras.Model):
         )
         return optimizer
 
-    def _fall_back_to_graph(self, reason: str) -> None:
-        """Moves a pack whose members were fused at construction onto the graph engine."""
+    def _move_to_graph(self, reasons: dict[int, str]) -> None:
+        """Moves fused members whose optimizers cannot be vectorized to the graph engine."""
         for engine in self._engines:
             engine.sync_members()
+        plan = self._fusion_report
         members = list(self._members)
-        self._set_engines([_graph_engine_class()(members, range(len(members)), self._options)])
-        self._fusion_report = reason
-        message = f"ModelPack {self.name} trains on the graph engine, not fused: {reason}"
+        groups = [tuple(i for i in g if i not in reasons) for g in plan.groups]
+        groups = [g for g in groups if g]
+        graph = tuple(sorted({*plan.graph, *reasons}))
+        plan.groups = groups
+        plan.reports = [fusion_report([members[i] for i in g]) for g in groups]
+        plan.graph = graph
+        plan.reasons.update(
+            {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()}
+        )
+        engines: list[Engine] = [
+            FusedEngine([members[i] for i in g], g, self._options) for g in groups
+        ]
+        engines.append(_graph_engine_class()([members[i] for i in graph], graph, self._options))
+        self._set_engines(engines)
+        message = (
+            f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
+            f"not fused: {next(iter(reasons.values()))}"
+        )
         logger.warning(message)
         warnings.warn(message, stacklevel=3)
 
@@ -809,16 +846,19 @@ class ModelPack(keras.Model):
             "fuse": self._fuse,
             "on_nan": self._on_nan,
             "engine": self.engine,
+            "groups": [list(engine.member_ids) for engine in self._gradient_engines],
         }
 
     @classmethod
     def from_config(cls, config: dict) -> ModelPack:
         config = dict(config)
         config["members"] = [keras.saving.deserialize_keras_object(m) for m in config["members"]]
-        if config.pop("engine", None) == "graph":
-            # Saved members are built when loaded even if they were not when the pack was
-            # made; the saved state has the graph engine's layout, so keep that engine.
-            config["fuse"] = False
+        engine = config.pop("engine", None)
+        if "groups" not in config:
+            # Written by keras-gpushare 0.1: one engine for all members.
+            n = len(config["members"])
+            config["groups"] = [list(range(n))] if engine == "fused" else []
+        # The saved weights have the saved plan's layout: rebuild exactly that plan.
         return cls(**config)
 
 
@@ -859,29 +899,3 @@ def _default_steps_per_execution(engine: str) -> int:
     if keras.backend.backend() == "torch":
         return 1  # Keras's torch trainer runs one batch per call.
     return _DEFAULT_STEPS_PER_EXECUTION["fused" if engine == "fused" else "graph"]
-
-
-def _choose_engine(members: list[keras.Model], fuse: str | bool, data: str) -> tuple[str, Any]:
-    """Picks `"fused"` or `"graph"` and returns it with the fusion report (or reason)."""
-    report: Any
-    if not all(m.built for m in members):
-        report = "not fused: some members are not built yet; give them a keras.Input."
-    elif data != "replicate":
-        report = f'not fused: data="{data}" runs on the graph engine.'
-    elif len(members) == 1 and fuse == "auto" and keras.backend.backend() == "tensorflow":
-        report = "not fused: a single member has nothing to fuse with (fuse=True forces it)."
-    else:
-        report = fusion_report(members)
-    fusable = not isinstance(report, str) and report.fusable
-    if fuse is True and not fusable:
-        raise ValueError(f"Invalid value for argument `fuse`: True, but {report}")
-    engine = "fused" if fusable and fuse is not False else "graph"
-    if engine == "graph" and keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            f"The graph engine needs the TensorFlow backend (KERAS_BACKEND is "
-            f"{keras.backend.backend()!r}); on other backends only same-architecture members "
-            f"train, on the fused engine.\n{report}"
-        )
-    if fuse is False and fusable:
-        report = "not fused: fuse=False."
-    return engine, report

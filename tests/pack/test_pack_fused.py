@@ -216,14 +216,15 @@ def test_member_early_stopping_on_the_fused_engine(binary_data):
         np.testing.assert_array_equal(a, b)
 
 
-def test_fuse_true_with_different_architectures_names_the_layer():
-    a, b = mlp(8, seed=0), mlp(16, seed=1)
-    with pytest.raises(ValueError, match="fuse`: True, but Fusion report"):
-        kg.ModelPack([a, b], fuse=True)
+def test_fuse_true_with_a_member_that_cannot_fuse_names_it():
+    from pack_builders import subclassed
+
+    with pytest.raises(ValueError, match="fuse`: True, but member 1: subclassed model"):
+        kg.ModelPack([mlp(8, seed=0), subclassed()], fuse=True)
     if TENSORFLOW:
-        pack = kg.ModelPack([a, b])
-        assert pack.engine == "graph"
-        assert "not fusable" in pack.fusion_report
+        pack = kg.ModelPack([mlp(8, seed=0), mlp(8, seed=1), subclassed()])
+        assert pack.engine == "mixed"
+        assert "member 2 on the graph engine: subclassed model" in pack.fusion_report
 
 
 def test_mixed_optimizer_families_train_fused(binary_data):

@@ -81,10 +81,8 @@ class Engine:
         """The metric objects whose state the pack resets each epoch."""
         raise NotImplementedError
 
-    def compile(self, compile_args: Sequence[dict]) -> None:
-        """Compiles the members: `compile_args[j]` holds member j's `compile` arguments."""
-        for member, args in zip(self.members, compile_args):
-            member.compile(**args)
+    def configure(self, compile_args: Sequence[dict]) -> None:
+        """Prepares for training compiled members (`compile_args[j]`: member j's arguments)."""
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         """This group's raw outputs for `inputs` (the pack's whole inputs)."""

@@ -143,8 +143,7 @@ class FusedEngine(Engine):
                 result.extend(member._compile_loss.metrics)
         return result
 
-    def compile(self, compile_args: Sequence[dict]) -> None:
-        super().compile(compile_args)
+    def configure(self, compile_args: Sequence[dict]) -> None:
         self._one_loss = _one_loss_for_all(self.members, compile_args)
 
     def supports_jit(self) -> bool:

@@ -41,6 +41,21 @@ class MemberSettings:
     dynamic_scale: tuple[float, int] | None
 
 
+def outside_groups() -> MemberSettings:
+    """Settings of a member no group holds (the graph engine trains it with its own)."""
+    return MemberSettings(
+        rule=None,
+        hyper={},
+        schedule=None,
+        learning_rate=0.0,
+        weight_decay=None,
+        clip=dict.fromkeys(("clipnorm", "global_clipnorm", "clipvalue")),
+        loss_scale_factor=None,
+        accumulation=None,
+        dynamic_scale=None,
+    )
+
+
 def _positive_or_none(optimizer: Any, name: str) -> float | None:
     value = getattr(optimizer, name, None)
     return None if value is None or value <= 0 else float(value)

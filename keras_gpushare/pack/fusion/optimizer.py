@@ -11,6 +11,7 @@ from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
     inner_optimizer,
     member_settings,
+    outside_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,15 +95,22 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 "Invalid value for argument `optimizers`: got an empty list. Pass one "
                 "optimizer per member."
             )
-        settings = [member_settings(i, o) for i, o in enumerate(optimizers)]
         n = len(optimizers)
         groups = [tuple(range(n))] if groups is None else [tuple(int(i) for i in g) for g in groups]
+        grouped = {i for g in groups for i in g}
+        settings = [
+            member_settings(i, o) if i in grouped else outside_groups()
+            for i, o in enumerate(optimizers)
+        ]
         kwargs.pop("learning_rate", None)
         super().__init__(learning_rate=0.0, name=name or "vectorized_optimizer", **kwargs)
         self.n_members = n
         self._settings = settings
         self._groups = groups
         self._names = [inner_optimizer(o).name for o in optimizers]
+        # Members outside the groups keep their own optimizers (held, not tracked: they
+        # are the members', saved with them).
+        self._outside = _Reference({i: o for i, o in enumerate(optimizers) if i not in grouped})
         self._member_configs = [keras.optimizers.serialize(o) for o in optimizers]
         self._variable_groups = {}
         self._loss_scale_ref = _Reference(None)
@@ -165,7 +173,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     def member_learning_rates(self):
         """Every member's current learning rate, as a NumPy array."""
-        return ops.convert_to_numpy(self._learning_rates())
+        rates = ops.convert_to_numpy(self._learning_rates()).copy()
+        for i, optimizer in self._outside.value.items():
+            rates[i] = float(ops.convert_to_numpy(optimizer.learning_rate))
+        return rates
 
     def set_member_learning_rate(self, index, value):
         """Sets member `index`'s fixed learning rate."""
@@ -180,7 +191,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         Keras's learning-rate callbacks and TensorBoard look for an `optimizers` attribute
         and act on each entry.
         """
-        return [MemberLearningRate(self, i, name) for i, name in enumerate(self._names)]
+        outside = self._outside.value
+        return [
+            outside[i] if i in outside else MemberLearningRate(self, i, name)
+            for i, name in enumerate(self._names)
+        ]
 
     @property
     def learning_rate(self):
@@ -200,8 +215,8 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             # The base class sets its own (unused) rate while it is constructed.
             keras.optimizers.Optimizer.learning_rate.fset(self, value)
             return
-        for index in range(self.n_members):
-            MemberLearningRate(self, index, self._names[index]).learning_rate = value
+        for handle in self.optimizers:
+            handle.learning_rate = value
 
     # State ---------------------------------------------------------------------------
 
@@ -214,7 +229,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         self._slots = {}
         rules = []
         for settings in self._settings:
-            if settings.rule not in rules:
+            if settings.rule is not None and settings.rule not in rules:
                 rules.append(settings.rule)
         for rule in rules:
             names = {}
