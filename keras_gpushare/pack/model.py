@@ -23,7 +23,7 @@ from keras_gpushare.pack.fusion import VectorizedOptimizer, fusion_report
 from keras_gpushare.pack.fusion._member_settings import member_settings
 from keras_gpushare.pack.logs import pack_logs
 from keras_gpushare.pack.member_callbacks import per_member_callbacks
-from keras_gpushare.pack.members import FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
+from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
 from keras_gpushare.pack.planner import plan_engines
 from keras_gpushare.pack.watcher import StatusWatcher
@@ -266,7 +266,11 @@ class ModelPack(keras.Model):
         group's stacked output, say), one entry per engine the pack's optimizer updates.
         """
         if training:
-            return tuple(engine.call(inputs, training=True) for engine in self._gradient_engines)
+            active = ops.equal(ops.convert_to_tensor(self._status), ACTIVE)
+            return tuple(
+                engine.call(inputs, training=True, active=ops.take(active, engine.member_ids))
+                for engine in self._gradient_engines
+            )
         outputs: list = [None] * len(self._members)
         for engine in self._engines:
             raw = engine.call(inputs, training=training)

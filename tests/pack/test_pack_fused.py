@@ -263,3 +263,35 @@ def test_predict_and_evaluate(binary_data):
         member.compile(loss="binary_crossentropy")
         expected = member.evaluate(x, y, verbose=0, return_dict=True)["loss"]
         assert result[f"m{i}_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_stopped_member_keeps_its_batch_normalization_statistics(binary_data):
+    x, y = binary_data
+
+    def build(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential(
+            [
+                keras.Input((10,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dense(1, activation="sigmoid"),
+            ]
+        )
+
+    members = [build(0), build(1)]
+    twin = copy_model(members[0])
+
+    class StopMemberZero(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.model.stop_member(0)
+
+    pack = kg.ModelPack(members)
+    pack.compile(optimizer="adam", loss="binary_crossentropy")
+    assert pack.engine == "fused"
+    pack.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0, callbacks=[StopMemberZero()])
+    twin.compile(optimizer="adam", loss="binary_crossentropy")
+    twin.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    # The moving mean and variance too: the member's own fit would have ended.
+    assert_weights_close(pack.members[0], twin)

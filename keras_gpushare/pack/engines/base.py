@@ -84,8 +84,15 @@ class Engine:
     def configure(self, compile_args: Sequence[dict]) -> None:
         """Prepares for training compiled members (`compile_args[j]`: member j's arguments)."""
 
-    def call(self, inputs: Any, training: bool | None = None) -> Any:
-        """This group's raw outputs for `inputs` (the pack's whole inputs)."""
+    def call(self, inputs: Any, training: bool | None = None, active: Any = None) -> Any:
+        """This group's raw outputs for `inputs` (the pack's whole inputs).
+
+        Args:
+            inputs: the pack's inputs.
+            training: whether this is a training call.
+            active: in training, whether each member of the group trains (a (k,) boolean
+                tensor); members that do not keep their layer state.
+        """
         raise NotImplementedError
 
     def member_outputs(self, raw: Any) -> list:

@@ -153,8 +153,23 @@ class FusedEngine(Engine):
 
     # Forward ---------------------------------------------------------------------------
 
-    def call(self, inputs: Any, training: bool | None = None) -> Any:
+    def call(self, inputs: Any, training: bool | None = None, active: Any = None) -> Any:
+        """The group's raw outputs; `active` (k,) keeps inactive members' layer state.
+
+        A member that does not train (stopped, frozen) keeps its slice of the state a
+        training call updates (BatchNormalization's moving statistics).
+        """
+        kept = []
+        if training and active is not None:
+            for layer in self.fused.graph.layers:
+                for name in getattr(layer, "member_state", ()):
+                    variable = getattr(layer, name)
+                    # A copy: on TensorFlow a variable converts to a handle read later.
+                    kept.append((variable, ops.copy(variable)))
         outputs = self.fused(inputs, training=training)
+        for variable, before in kept:
+            keep = ops.reshape(active, (len(self.members),) + (1,) * (len(before.shape) - 1))
+            variable.assign(ops.where(keep, ops.convert_to_tensor(variable), before))
         if training and self._one_loss is not None:
             # One output, one loss: the training step reads the stacked output directly;
             # N slices stacked back together would cost N full-size gradient terms.

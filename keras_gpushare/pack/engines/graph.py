@@ -93,7 +93,7 @@ class GraphEngine(Engine):
             result.extend(member.metrics)
         return result
 
-    def call(self, inputs: Any, training: bool | None = None) -> list:
+    def call(self, inputs: Any, training: bool | None = None, active: Any = None) -> list:
         return [
             member(data_lib.member_inputs(inputs, member), training=training)
             for member in self.members
