@@ -1,12 +1,13 @@
-"""Fixtures of the conformance suite: one runner per session, a clean dtype policy."""
+"""Fixtures of the conformance suite: one runner per module, a clean dtype policy."""
 
 import keras
 import pytest
 from conformance_harness import Runner
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def runner(tmp_path_factory):
+    """Memoizes each (case, engine) run for every aspect of the module, then frees them."""
     return Runner(tmp_path_factory.mktemp("conformance"))
 
 
