@@ -360,8 +360,14 @@ class ModelPack(keras.Model):
         run_eagerly: bool,
         steps_per_execution: int | str,
         jit_compile: bool | str,
+        loading: bool = False,
     ) -> None:
-        """Compiles each member with its arguments, then the pack around them."""
+        """Compiles each member with its arguments, then the pack around them.
+
+        The optimizers' variables are made at once when a file's state is to be loaded into
+        them, or when a member's optimizer already holds state (it trained before joining
+        the pack); otherwise, as in Keras, at the first step.
+        """
         for member, args in zip(self._members, member_args):
             member.compile(**args)
         pack_optimizer = self._pack_optimizer([m.optimizer for m in self._members])
@@ -399,7 +405,8 @@ class ModelPack(keras.Model):
             "steps_per_execution": steps_per_execution,
             "jit_compile": jit_compile,
         }
-        if self.built and all(m.built for m in self._members):
+        member_state = any(m.optimizer.built for m in self._members)
+        if (loading or member_state) and self.built and all(m.built for m in self._members):
             self._build_member_state()
 
     def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
@@ -508,14 +515,23 @@ class ModelPack(keras.Model):
     def compile_from_config(self, config: dict) -> None:
         config = keras.saving.deserialize_keras_object(config)
         if "members" not in config:
-            # Written by keras-gpushare 0.1 (one list per argument).
-            self.compile(**config)
-            return
+            # Written by keras-gpushare 0.1: one list per argument.
+            config["members"] = _compile_args.member_args(
+                self._members,
+                config["optimizer"],
+                config["loss"],
+                config["loss_weights"],
+                config["metrics"],
+                config["weighted_metrics"],
+                config["run_eagerly"],
+                config["auto_scale_loss"],
+            )
         self._compile_members(
             config["members"],
             config["run_eagerly"],
             config["steps_per_execution"],
             config["jit_compile"],
+            loading=True,
         )
 
     def _build_member_state(self) -> None:
@@ -619,7 +635,10 @@ class ModelPack(keras.Model):
             logs = super().evaluate(x, y, *args, return_dict=True, **kwargs)
         if return_dict:
             return logs
-        values = list(logs.values())
+        names = self.metrics_names
+        values = [logs[k] for k in names if k in logs] + [
+            v for k, v in logs.items() if k not in names
+        ]
         return values[0] if len(values) == 1 else values
 
     @property

@@ -24,6 +24,13 @@ class MemberOptimizers(keras.optimizers.Optimizer):
     def build(self, var_list: Sequence) -> None:
         super().build([])
 
+    def finalize_variable_values(self, var_list: Any) -> None:
+        """Lets each member's optimizer finalize its member's weights, as Keras's `fit` does
+        at its end (an optimizer with `use_ema=True` swaps in the moving averages)."""
+        for optimizer in self.optimizers:
+            if optimizer.built:
+                optimizer.finalize_variable_values(optimizer._trainable_variables)
+
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         raise NotImplementedError(
             "MemberOptimizers is applied member by member by the ModelPack; call "

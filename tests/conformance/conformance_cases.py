@@ -643,7 +643,19 @@ OPTIMIZERS = sorted(
     and issubclass(getattr(keras.optimizers, name), keras.optimizers.Optimizer)
     and name not in ("Optimizer", "LossScaleOptimizer", "MultiOptimizer")
 )
-VECTORIZED = ("Adagrad", "Adam", "AdamW", "RMSprop", "SGD")
+VECTORIZED = (
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Ftrl",
+    "Lamb",
+    "Lion",
+    "Nadam",
+    "RMSprop",
+    "SGD",
+)
 
 
 def _optimizer_compile(name: str):
@@ -704,53 +716,11 @@ _TRAINED = ("weights", "history", "callbacks", "evaluate_dict", "predict")
 _NOT_VECTORIZED = tuple(f"optimizer_{name}" for name in OPTIMIZERS if name not in VECTORIZED)
 
 KNOWN_FAILURES: list[Known] = [
-    # Backends and engines that cannot train a case at all.
     Known(
         "conformance: issue 13, members differing only in Dense widths are refused off "
         "TensorFlow (no graph engine) until they fuse with padding",
         engines=("widths",),
         backends=("jax", "torch"),
-    ),
-    Known(
-        "conformance: the fused engine does not run on torch (keras.optimizers.Adam is a "
-        "torch subclass there and the vectorized optimizer refuses it; compile then fails "
-        "with AttributeError '_fused')",
-        backends=("torch",),
-    ),
-    # Issue 12, items 1-11.
-    Known(
-        "issue 12 item 1: LearningRateScheduler / ReduceLROnPlateau change the logged rate, "
-        "not the fused members' rate",
-        cases=("lr_scheduler", "reduce_lr_on_plateau"),
-        engines=("fused",),
-        aspects=_TRAINED,
-    ),
-    Known(
-        "issue 12 item 2: multi-output members: list labels and per-member label lists do "
-        "not train",
-        cases=("outputs_list", "outputs_per_member"),
-    ),
-    Known(
-        "issue 12 item 2: dict outputs with a metrics dict crash on the fused engine",
-        cases=("outputs_dict",),
-        engines=("fused",),
-    ),
-    Known(
-        "issue 12 item 3: mixed_float16 on the fused engine: pack.members raises "
-        "AttributeError ('LossScaleOptimizer' has no 'write_state_to'), and member 1's "
-        "loss and predictions differ from plain fit by 1.4% (plain Keras with and without "
-        "XLA differ by 1e-5)",
-        cases=("mixed_float16",),
-        engines=("fused",),
-        aspects=("weights", "history", "callbacks", "predict"),
-    ),
-    Known(
-        "issue 12 item 3: mixed_float16 on the fused engine: member 0's evaluate loss "
-        "differs from plain fit by 0.2% on JAX",
-        cases=("mixed_float16",),
-        engines=("fused",),
-        aspects=("evaluate_dict",),
-        backends=("jax",),
     ),
     Known(
         "issue 12 item 4: fuse='auto' does not train this optimizer fused (graph engine on "
@@ -761,60 +731,8 @@ KNOWN_FAILURES: list[Known] = [
     Known(
         "issue 12 item 4: on JAX, an optimizer without a vectorized form (or mixed families) "
         "switches to the TensorFlow-only graph engine and fit raises TypeError",
-        cases=(*_NOT_VECTORIZED, "optimizer_families", "optimizer_ema"),
-        backends=("jax",),
-    ),
-    Known(
-        "issue 12 item 7: evaluate without return_dict returns one value more than the "
-        "figures (the mean loss twice) on the graph engine",
-        engines=("graph", "widths"),
-        aspects=("evaluate_list",),
-        backends=("tensorflow",),
-    ),
-    Known(
-        "issue 12 item 8: pack.compile(loss=...) without an optimizer replaces the members' "
-        "own optimizers by RMSprop",
-        cases=("compiled_members",),
-        aspects=_TRAINED,
-    ),
-    Known(
-        "issue 12 item 9: the default steps_per_execution calls on_train_batch_end once per "
-        "execution, and ModelCheckpoint(save_freq=5) saves at other batches",
-        cases=("batch_callbacks",),
-        aspects=("batches", "batch_checkpoints"),
-    ),
-    Known(
-        "issue 12 item 10: MemberEarlyStopping minimises val_r2_score (Keras maximises it)",
-        cases=("member_early_stopping_r2",),
-        aspects=_TRAINED,
-    ),
-    # Found by this suite, outside items 1-11.
-    Known(
-        "conformance: TensorBoard logs `learning_rate` 0.0 for a fused pack (the vectorized "
-        "optimizer's own rate), not each member's rate",
-        cases=("basic",),
-        engines=("fused",),
-        aspects=("tensorboard",),
-    ),
-    Known(
-        "conformance: under mixed_float16 the graph engine never updates the members (the "
-        "loss is the same every epoch)",
-        cases=("mixed_float16",),
-        engines=("graph",),
-        aspects=_TRAINED,
-    ),
-    Known(
-        "conformance: the graph engine does not finalize optimizers at the end of fit as "
-        "Keras does: use_ema weights are not swapped in",
-        cases=("optimizer_ema",),
-        aspects=("weights",),
-        backends=("tensorflow",),
-    ),
-    Known(
-        "conformance: ScheduleFreeAdamW on the graph engine ends with other weights than plain fit",
-        cases=("optimizer_ScheduleFreeAdamW",),
-        aspects=_TRAINED,
-        backends=("tensorflow",),
+        cases=(*_NOT_VECTORIZED, "optimizer_ema"),
+        backends=("jax", "torch"),
     ),
 ]
 

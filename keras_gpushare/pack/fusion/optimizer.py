@@ -218,6 +218,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         for handle in self.optimizers:
             handle.learning_rate = value
 
+    def finalize_variable_values(self, var_list):
+        """Lets the optimizers of members outside the groups finalize their weights."""
+        for optimizer in self._outside.value.values():
+            if optimizer.built:
+                optimizer.finalize_variable_values(optimizer._trainable_variables)
+
     # State ---------------------------------------------------------------------------
 
     def build(self, variables):
