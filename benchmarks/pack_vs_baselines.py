@@ -19,7 +19,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keras_gpushare._bench.cnn import run_cnn_benchmark  # noqa: E402
+from _cnn import run_cnn_benchmark  # noqa: E402
+
 from keras_gpushare._bench.pack import (  # noqa: E402
     BenchConfig,
     format_report,

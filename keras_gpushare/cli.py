@@ -277,7 +277,7 @@ def _add_autopack(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_autopack(args: argparse.Namespace) -> int:
-    from keras_gpushare import _autopack_cli
+    from keras_gpushare.autopack import cli as _autopack_cli
 
     build_fn = _autopack_cli.load_builder(args.builder)
     shape = _autopack_cli.parse_shape(args.input_shape)
