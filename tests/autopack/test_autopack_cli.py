@@ -102,6 +102,8 @@ def test_bench_plot_writes_a_png(tmp_path, capsys):
             "--samples",
             "256",
             "--epochs",
+            "3",
+            "--repeats",
             "1",
             "--plot",
             str(path),
