@@ -80,8 +80,12 @@ def logits_of(tensor: Any) -> Any:
 def call_context_args(operation: Any) -> frozenset[str]:
     """The call-context arguments (such as `training`) a layer takes in `__call__` and
     hands on to the layers it calls; empty for an operation that is not a layer:
-    `_call_context_args`."""
-    return frozenset(getattr(operation, "_call_context_args", ()))
+    `_call_context_args` (Keras 3.10 and later; before, every layer's `__call__` took
+    `training` and no other)."""
+    names = getattr(operation, "_call_context_args", None)
+    if names is None:
+        return frozenset({"training"} if isinstance(operation, keras.layers.Layer) else ())
+    return frozenset(names)
 
 
 def name_scope_path(layer: Any) -> str:

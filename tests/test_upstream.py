@@ -133,6 +133,10 @@ def test_layers_take_training_as_a_call_context_argument():
     by_type = {type(op).__name__: _upstream.call_context_args(op) for op in operations}
     assert "training" in by_type["Dropout"] and "training" in by_type["Dense"]
     assert by_type["Add"] == frozenset()  # a keras.ops operation, not a layer
+    # Before Keras 3.10 layers had no `_call_context_args`; every layer took `training`.
+    old_style = keras.layers.Dense(1)
+    object.__delattr__(old_style, "_call_context_args")
+    assert _upstream.call_context_args(old_style) == frozenset({"training"})
 
 
 @covers("name_scope_path")
