@@ -41,7 +41,9 @@ def main() -> int:
     parser.add_argument("--sequential-at-most", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="TensorFlow threads (0: default)")
-    parser.add_argument("--torch-threads", type=int, default=None, help="torch peer threads")
+    parser.add_argument(
+        "--torch-threads", default=None, help="torch peer threads, e.g. 1 or 1,0 (0: default)"
+    )
     args = parser.parse_args()
     if args.suite == "cnn":
         print(run_cnn_benchmark(members=int(args.members or 16), repeats=args.repeats or 3))

@@ -44,9 +44,9 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--torch-threads",
-        type=int,
         default=None,
-        help="threads of the torch peer (default 1; 0: torch's default)",
+        help="threads of the torch peer, comma-separated for one run each (default 1; 0: "
+        "torch's default)",
     )
     p.add_argument(
         "--plot",

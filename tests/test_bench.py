@@ -2,6 +2,8 @@
 count, how repeats interleave and how they are summarized. No model is trained here; the
 `bench --plot` test in tests/autopack runs the harness end to end."""
 
+import dataclasses
+
 import pytest
 
 from keras_gpushare._bench import pack, workload
@@ -14,6 +16,8 @@ def test_warm_up_epochs_are_left_out_and_the_median_is_taken():
     rates = workload._rates(100.0, timed)
     assert rates["epoch_rates"] == [100.0, 80.0, 200.0]
     assert rates["steady_rate"] == 100.0  # one fast or slow epoch does not move it
+    assert "cpu_rate" not in rates
+    assert workload._rates(100.0, timed, [0.5, 2.0, 1.0])["cpu_rate"] == 100.0
     assert workload._timed([2.0], {"warmup": 2}) == [2.0]  # too short: the last epoch
 
 
@@ -59,7 +63,7 @@ def test_report_gives_medians_ranges_and_ratios():
     assert "steady: median of epochs 3-5 of a run" in text
     row = next(line for line in text.splitlines() if "pack-fused" in line).split()
     assert row[:4] == ["4", "pack-fused", "2.5", "4.40"]  # 11 s / 2.5 s
-    assert row[4:7] == ["1,100", "[1,000-1,200]", "10.00"]
+    assert row[4:8] == ["1,100", "[1,000-1,200]", "10.00", "-"]  # no CPU times given
 
 
 @pytest.mark.parametrize(
@@ -75,12 +79,14 @@ def test_too_few_epochs_are_refused(kwargs, match):
 
 
 def test_overrides_check_threads_and_repeats():
-    config = pack.BenchConfig().with_overrides(repeats=5, threads=1, torch_threads=0)
-    assert (config.repeats, config.threads, config.torch_threads) == (5, 1, 0)
+    config = pack.BenchConfig().with_overrides(repeats=5, threads=1, torch_threads="1,0")
+    assert (config.repeats, config.threads, config.torch_threads) == (5, 1, (1, 0))
     with pytest.raises(ValueError, match="--repeats: got 0"):
         pack.BenchConfig().with_overrides(repeats=0)
     with pytest.raises(ValueError, match="--threads: got -1"):
         pack.BenchConfig().with_overrides(threads=-1)
+    with pytest.raises(ValueError, match="--torch-threads: got 'one'"):
+        pack.BenchConfig().with_overrides(torch_threads="one")
     with pytest.raises(ValueError, match="--epochs: got 2 with 2 warm-up"):
         pack.BenchConfig().with_overrides(epochs=2)
 
@@ -92,3 +98,6 @@ def test_the_torch_peer_runs_with_its_own_thread_count(monkeypatch):
     assert runs["pack-fused"]["threads"] == 2
     assert runs["torch-vmap"]["threads"] == 1
     assert runs["pack-fused"]["warmup"] == 2 and runs["pack-fused"]["epochs"] == 5
+    both = dataclasses.replace(config, torch_threads=(1, 0))
+    labels = {method: run["threads"] for method, _, run in pack._runs(both)}
+    assert labels == {"pack-fused": 2, "torch-vmap(1t)": 1, "torch-vmap(auto)": 0}

@@ -42,9 +42,9 @@ class BenchConfig:
         repeats: how many times every run is repeated, in turn. Defaults to `3`.
         threads: threads per process for TensorFlow's pools (0: TensorFlow's default).
             Defaults to `0`.
-        torch_threads: threads of the torch peer (0: torch's default, one per core; on a
-            shared machine two threads wait on each other at every operation, see
-            docs/benchmarks.md). Defaults to `1`.
+        torch_threads: thread counts of the torch peer, one run each (0: torch's default,
+            one per core; on a shared machine its threads wait for each other at every
+            operation, see docs/benchmarks.md). Defaults to `(1,)`.
         methods: methods to run, from `METHODS`. Defaults to all but the torch peer.
         architecture: `"same"` (all the seeds' 10-64-32-1 model) or `"mixed"` (first
             hidden widths 16/32/48/64 in turn: the graph engine's case; the fused engine
@@ -64,7 +64,7 @@ class BenchConfig:
     warmup: int = 2
     repeats: int = 3
     threads: int = 0
-    torch_threads: int = 1
+    torch_threads: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         if self.epochs <= self.warmup:
@@ -93,7 +93,7 @@ class BenchConfig:
         sequential_at_most: int | None = None,
         repeats: int | None = None,
         threads: int | None = None,
-        torch_threads: int | None = None,
+        torch_threads: str | None = None,
     ) -> BenchConfig:
         """Returns a copy with the command line's choices applied (None keeps a field)."""
         changes: dict[str, Any] = {}
@@ -123,17 +123,12 @@ class BenchConfig:
             changes["sequential_at_most"] = _positive(sequential_at_most, "--sequential-at-most")
         if repeats is not None:
             changes["repeats"] = _positive(repeats, "--repeats")
-        for flag, name, value in (
-            ("--threads", "threads", threads),
-            ("--torch-threads", "torch_threads", torch_threads),
-        ):
-            if value is not None:
-                if value < 0:
-                    raise ValueError(
-                        f"Invalid value for {flag}: got {value}, expected 0 (the framework's "
-                        "default) or a positive number of threads."
-                    )
-                changes[name] = value
+        if threads is not None:
+            changes["threads"] = _threads(threads, "--threads")
+        if torch_threads:
+            changes["torch_threads"] = tuple(
+                _threads(int(v), "--torch-threads") for v in _ints(torch_threads, "--torch-threads")
+            )
         return dataclasses.replace(self, **changes)
 
     def widths(self, n: int) -> list[int]:
@@ -149,15 +144,27 @@ def _positive(value: int, flag: str) -> int:
     return value
 
 
-def _positive_ints(text: str, flag: str) -> list[int]:
+def _threads(value: int, flag: str) -> int:
+    if value < 0:
+        raise ValueError(
+            f"Invalid value for {flag}: got {value}, expected 0 (the framework's default) or "
+            "a positive number of threads."
+        )
+    return value
+
+
+def _ints(text: str, flag: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        return [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
         raise ValueError(
             f"Invalid value for {flag}: got {text!r}, expected comma-separated integers such "
             "as 1,4,16."
         ) from None
-    return [_positive(v, flag) for v in values]
+
+
+def _positive_ints(text: str, flag: str) -> list[int]:
+    return [_positive(v, flag) for v in _ints(text, flag)]
 
 
 def _runs(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
@@ -178,7 +185,11 @@ def _runs(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
                 logger.info("bench: %s needs one architecture; left out of a mixed run", method)
             elif method == "torch-vmap":
                 if importlib.util.find_spec("torch") is not None:
-                    runs.append((method, n, {**base, "threads": config.torch_threads}))
+                    for threads in config.torch_threads:
+                        label = method
+                        if len(config.torch_threads) > 1:
+                            label += f"({threads}t)" if threads else "(auto)"
+                        runs.append((label, n, {**base, "threads": threads}))
             elif method == "sequential":
                 runs.append((method, n, {**base, "run_at_most": config.sequential_at_most}))
             else:
@@ -238,6 +249,7 @@ def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "rate_min": min(rates),
         "rate_max": max(rates),
         "wall_s": float(statistics.median(r["wall_s"] for r in good)),
+        "cpu_rate": float(statistics.median(r.get("cpu_rate", math.nan) for r in good)),
         "peak_rss_mib": max(r["peak_rss_mib"] for r in good),
         "repeats": repeats,
     }
@@ -292,7 +304,7 @@ def _device_line() -> str:
 def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, Any]]]) -> str:
     """The benchmark table, with ratios against sequential fits at the same member count."""
     threads = config.threads or "default"
-    torch_threads = config.torch_threads or "default"
+    torch_threads = ", ".join(str(t or "default") for t in config.torch_threads)
     lines = [
         "keras-gpushare bench: the seeds' MLP (10-w-32-1, Adam, batch 32)",
         f"machine: {_device_line()}",
@@ -304,7 +316,8 @@ def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, A
         f"TensorFlow {threads}, torch {torch_threads}",
         "",
         f"{'N':>4}  {'method':<12} {'end-to-end s':>12} {'x seq':>7} "
-        f"{'steady model-samples/s':>23} {'[min-max]':>21} {'x seq':>7} {'peak RSS MiB':>13}",
+        f"{'steady model-samples/s':>23} {'[min-max]':>21} {'x seq':>7} {'per CPU-s':>10} "
+        f"{'peak RSS MiB':>13}",
     ]
     sequential = {n: r for m, n, r in results if m == "sequential" and "error" not in r}
     for method, n, r in results:
@@ -316,11 +329,16 @@ def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, A
         rate_ratio = f"{r['steady_rate'] / base['steady_rate']:.2f}" if base else "-"
         note = f"  ({r['note']})" if r.get("note") else ""
         spread = f"[{r['rate_min']:,.0f}-{r['rate_max']:,.0f}]"
+        cpu = f"{r['cpu_rate']:,.0f}" if math.isfinite(r.get("cpu_rate", math.nan)) else "-"
         lines.append(
             f"{n:>4}  {method:<12} {r['wall_s']:>12.1f} {wall_ratio:>7} "
-            f"{r['steady_rate']:>23,.0f} {spread:>21} {rate_ratio:>7} "
+            f"{r['steady_rate']:>23,.0f} {spread:>21} {rate_ratio:>7} {cpu:>10} "
             f"{r['peak_rss_mib']:>13,.0f}{note}"
         )
     lines.append("")
     lines.append("x seq: how many times faster than sequential fits (higher is better).")
+    lines.append(
+        "per CPU-s: model-samples per second of this process's CPU time (the steady epochs' "
+        "median); it moves less than the wall-clock rate when other jobs share the machine."
+    )
     return "\n".join(lines)

@@ -75,24 +75,33 @@ def _timed(times: list[float], config: dict[str, Any]) -> list[float]:
     return times[warmup:] or times[-1:]
 
 
-def _rates(model_samples: float, times: list[float]) -> dict[str, Any]:
+def _rates(
+    model_samples: float, times: list[float], cpu_times: list[float] | None = None
+) -> dict[str, Any]:
     rates = [model_samples / t for t in times]
-    return {"epoch_rates": rates, "steady_rate": float(statistics.median(rates))}
+    out = {"epoch_rates": rates, "steady_rate": float(statistics.median(rates))}
+    if cpu_times:
+        out["cpu_rate"] = float(statistics.median(model_samples / t for t in cpu_times))
+    return out
 
 
 def epoch_timer():
-    """A callback recording each epoch's duration in `.times`."""
+    """A callback recording each epoch's duration in `.times` and this process's CPU time
+    during it in `.cpu_times`."""
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.times: list[float] = []
+            self.cpu_times: list[float] = []
 
         def on_epoch_begin(self, epoch, logs=None):
             self._start = time.perf_counter()
+            self._cpu = time.process_time()
 
         def on_epoch_end(self, epoch, logs=None):
             self.times.append(time.perf_counter() - self._start)
+            self.cpu_times.append(time.process_time() - self._cpu)
 
     return EpochTimer()
 
@@ -107,6 +116,7 @@ def run_sequential(config: dict[str, Any]) -> dict[str, float]:
     start = time.perf_counter()
     x, y = make_data(config["samples"])
     timed: list[float] = []
+    cpu: list[float] = []
     widths = config["widths"]
     ran = widths[: config.get("run_at_most") or len(widths)]
     for i, width in enumerate(ran):
@@ -115,11 +125,12 @@ def run_sequential(config: dict[str, Any]) -> dict[str, float]:
         timer = epoch_timer()
         model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
         timed += _timed(timer.times, config)
+        cpu += _timed(timer.cpu_times, config)
     wall = (time.perf_counter() - start) * len(widths) / len(ran)
     return {
         "wall_s": wall,
         # One member trains at a time: the aggregate rate is one fit's rate.
-        **_rates(config["samples"], timed),
+        **_rates(config["samples"], timed, cpu),
         "peak_rss_mib": _peak_rss_mib(),
         "note": "" if len(ran) == len(widths) else f"{len(ran)} run, time scaled",
     }
@@ -173,7 +184,11 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
     wall = time.perf_counter() - start
     return {
         "wall_s": wall,
-        **_rates(len(members) * config["samples"], _timed(timer.times, config)),
+        **_rates(
+            len(members) * config["samples"],
+            _timed(timer.times, config),
+            _timed(timer.cpu_times, config),
+        ),
         "epoch_s": timer.times,
         "peak_rss_mib": _peak_rss_mib(),
         "engine": pack.engine,
@@ -218,9 +233,9 @@ def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
 
     step_grads = vmap(grad_and_value(member_loss), in_dims=(0, 0, None, None))
     optimizer = torch.optim.Adam(list(params.values()), lr=1e-3)
-    epoch_times = []
+    epoch_times, cpu_times = [], []
     for _ in range(config["epochs"]):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for s in range(0, len(x), 32):
             grads, _ = step_grads(params, buffers, x[s : s + 32], y[s : s + 32])
             for name, p in params.items():
@@ -229,10 +244,11 @@ def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
         if device == "cuda":
             torch.cuda.synchronize()
         epoch_times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     wall = time.perf_counter() - start
     return {
         "wall_s": wall,
-        **_rates(n * config["samples"], _timed(epoch_times, config)),
+        **_rates(n * config["samples"], _timed(epoch_times, config), _timed(cpu_times, config)),
         "epoch_s": epoch_times,
         "peak_rss_mib": _peak_rss_mib(),
         "threads": torch.get_num_threads(),
