@@ -110,6 +110,14 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     model._symbolic_build(data_batch=data_batch)
 
 
+def epoch_iterator_data(iterator: Any) -> Any:
+    """Iterates over what a Keras `EpochIterator` hands to a step function (a batch, a list
+    of batches, or a backend iterator), whatever else its entries hold: it yields
+    `(step, data)` before Keras 3.11 and `(begin_step, end_step, data)` since."""
+    for entry in iterator:
+        yield entry[-1]
+
+
 def reinitialize_variable(variable: keras.Variable, value: Any) -> None:
     """Replaces the backend variable behind a Keras variable (TensorFlow: a new
     `tf.Variable`, e.g. on another device): `_initialize`."""
