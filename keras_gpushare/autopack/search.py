@@ -1,8 +1,9 @@
 """`find_pack_size`: how many models to train at once on this machine.
 
 The search asks a measurer (measure.py) for packs of 1, 2, 4, ... members and decides from
-the rows it gets back: which size to try next, when to stop, which size to suggest. It never
-looks at a clock or a model itself, so it is tested with a deterministic fake measurer.
+the rows it gets back: which size to try next, when to stop, which size to suggest. It trains
+no model itself and reads time from an injected clock, so it is tested with a deterministic
+fake measurer and a fake clock.
 """
 
 from __future__ import annotations
