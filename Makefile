@@ -4,7 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test bench docs lint format clean
+# The oldest versions pyproject.toml declares, to check that the suite passes on them too.
+VENV_OLDEST := .venv-oldest
+OLDEST_PINS := tensorflow==2.16.1 keras==3.15.1 keras-tuner==1.4.7 "jax[cpu]==0.4.31"
+
+.PHONY: demo test test-oldest bench docs lint format clean
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +38,18 @@ test: $(VENV)/.test
 	KERAS_BACKEND=jax $(PY) -m pytest -q tests/pack/fusion tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/conformance
 	KERAS_BACKEND=torch $(PY) -m pytest -q tests/conformance
 
+$(VENV_OLDEST)/.test: pyproject.toml Makefile
+	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install --upgrade --quiet pip
+	$(VENV_OLDEST)/bin/python -m pip install --quiet $(OLDEST_PINS) -e ".[test]"
+	touch $@
+
+# Not part of `make test` (it downloads the old wheels, about 1 GiB, and runs the suite again).
+test-oldest: $(VENV_OLDEST)/.test
+	$(VENV_OLDEST)/bin/python -m pip list 2>/dev/null | grep -iE "^(tensorflow|keras|keras-tuner|jax|jaxlib|numpy) "
+	$(VENV_OLDEST)/bin/python -m pytest -q
+	KERAS_BACKEND=jax $(VENV_OLDEST)/bin/python -m pytest -q tests/pack/fusion tests/pack/test_pack_fused.py
+
 bench: $(VENV)/.bench
 	$(PY) benchmarks/pack_vs_baselines.py
 
@@ -49,4 +65,4 @@ format: $(VENV)/.test
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) $(VENV_OLDEST) build site *.egg-info

@@ -2,8 +2,10 @@
 
 Methods: sequential `fit`s (the baseline), the seeds' process pool (2 and N processes),
 ModelPack on the graph and fused engines, and a `torch.func` vmap ensemble when PyTorch is
-installed. Every measurement runs in a fresh process; the report gives end-to-end time,
-steady-state aggregate model-samples/s and peak RSS, with ratios against sequential fits.
+installed. Every measurement runs in a fresh process; every run is repeated (--repeats, in
+turn, the order rotated each time). The report gives end-to-end time, the steady aggregate
+model-samples/s (median of the epochs after the warm-up, then median and range over the
+repeats) and peak RSS, with ratios against sequential fits.
 
     python benchmarks/pack_vs_baselines.py                       # seeds' model, N=1,4,16
     python benchmarks/pack_vs_baselines.py --architecture mixed  # widths 16/32/48/64
@@ -19,7 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keras_gpushare._bench.cnn import run_cnn_benchmark  # noqa: E402
+from _cnn import run_cnn_benchmark  # noqa: E402
+
 from keras_gpushare._bench.pack import (  # noqa: E402
     BenchConfig,
     format_report,
@@ -36,9 +39,14 @@ def main() -> int:
     parser.add_argument("--methods", default=None)
     parser.add_argument("--architecture", choices=("mixed", "same"), default=None)
     parser.add_argument("--sequential-at-most", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="TensorFlow threads (0: default)")
+    parser.add_argument(
+        "--torch-threads", default=None, help="torch peer threads, e.g. 1 or 1,0 (0: default)"
+    )
     args = parser.parse_args()
     if args.suite == "cnn":
-        print(run_cnn_benchmark(members=int(args.members or 16)))
+        print(run_cnn_benchmark(members=int(args.members or 16), repeats=args.repeats or 3))
         return 0
     if args.suite == "fused":
         config = BenchConfig(
@@ -55,6 +63,9 @@ def main() -> int:
         methods=args.methods,
         architecture=args.architecture,
         sequential_at_most=args.sequential_at_most,
+        repeats=args.repeats,
+        threads=args.threads,
+        torch_threads=args.torch_threads,
     )
     print(format_report(config, run_pack_benchmark(config)))
     return 0

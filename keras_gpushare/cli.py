@@ -34,6 +34,21 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         help="members of widths 16/32/48/64 (mixed) or all the seeds' 64 (same)",
     )
     p.add_argument(
+        "--repeats", type=int, default=None, help="repeat every run this many times, in turn"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="TensorFlow threads per process (0: TensorFlow's default)",
+    )
+    p.add_argument(
+        "--torch-threads",
+        default=None,
+        help="threads of the torch peer, comma-separated for one run each (default 1; 0: "
+        "torch's default)",
+    )
+    p.add_argument(
         "--plot",
         default=None,
         metavar="FILE.png",
@@ -57,6 +72,9 @@ def _run_bench(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         methods=args.methods,
         architecture=args.architecture,
+        repeats=args.repeats,
+        threads=args.threads,
+        torch_threads=args.torch_threads,
     )
     if args.plot:
         from keras_gpushare._bench import plot
@@ -277,7 +295,7 @@ def _add_autopack(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_autopack(args: argparse.Namespace) -> int:
-    from keras_gpushare import _autopack_cli
+    from keras_gpushare.autopack import cli as _autopack_cli
 
     build_fn = _autopack_cli.load_builder(args.builder)
     shape = _autopack_cli.parse_shape(args.input_shape)

@@ -1,4 +1,12 @@
-"""`keras-gpushare bench`: the seeds' workload as sequential fits, process pools and packs."""
+"""`keras-gpushare bench`: the seeds' workload as sequential fits, process pools and packs.
+
+Measurement. Each run (a method at a member count) trains in a fresh process. Its steady rate
+is the median of the epochs after `warmup` (tracing and XLA compilation happen in epoch 0,
+and TensorFlow's first step of epoch 1 can stall for seconds), and the whole set of runs is
+repeated `repeats` times in turn (round-robin, the order rotated each time), so that every
+method meets the same moments of a shared machine. The report gives, per method, the median
+over the repeats and their range.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,11 @@ import concurrent.futures
 import dataclasses
 import importlib.util
 import logging
+import math
 import multiprocessing as mp
 import os
 import platform
+import statistics
 from typing import Any
 
 from keras_gpushare._bench import workload
@@ -26,7 +36,15 @@ class BenchConfig:
     Args:
         members: member counts to run. Defaults to `(1, 4, 16)`.
         samples: training rows per epoch. Defaults to `25_000`.
-        epochs: epochs per run (the last one gives the steady-state rate). Defaults to `2`.
+        epochs: epochs per run, warm-up included. Defaults to `5`.
+        warmup: epochs left out of the steady rate (the median of the others). Defaults to
+            `2`.
+        repeats: how many times every run is repeated, in turn. Defaults to `3`.
+        threads: threads per process for TensorFlow's pools (0: TensorFlow's default).
+            Defaults to `0`.
+        torch_threads: thread counts of the torch peer, one run each (0: torch's default,
+            one per core; on a shared machine its threads wait for each other at every
+            operation, see docs/benchmarks.md). Defaults to `(1,)`.
         methods: methods to run, from `METHODS`. Defaults to all but the torch peer.
         architecture: `"same"` (all the seeds' 10-64-32-1 model) or `"mixed"` (first
             hidden widths 16/32/48/64 in turn: the graph engine's case; the fused engine
@@ -39,15 +57,26 @@ class BenchConfig:
 
     members: tuple[int, ...] = (1, 4, 16)
     samples: int = 25_000
-    epochs: int = 2
+    epochs: int = 5
     methods: tuple[str, ...] = ("sequential", "pool", "pack-graph", "pack-fused")
     architecture: str = "same"
     sequential_at_most: int | None = None
+    warmup: int = 2
+    repeats: int = 3
+    threads: int = 0
+    torch_threads: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        if self.epochs <= self.warmup:
+            raise ValueError(
+                f"Invalid value for --epochs: got {self.epochs} with {self.warmup} warm-up "
+                f"epochs. Pass at least {self.warmup + 1} so that an epoch is timed."
+            )
 
     @classmethod
     def quick(cls) -> BenchConfig:
         """A run of about a minute on two CPU cores: the `make demo` job (the seeds' model)."""
-        return cls(members=(1, 4), samples=10_000, epochs=2, architecture="same")
+        return cls(members=(1, 4), samples=5_000, epochs=4, repeats=1, architecture="same")
 
     @classmethod
     def full(cls) -> BenchConfig:
@@ -62,6 +91,9 @@ class BenchConfig:
         methods: str | None = None,
         architecture: str | None = None,
         sequential_at_most: int | None = None,
+        repeats: int | None = None,
+        threads: int | None = None,
+        torch_threads: str | None = None,
     ) -> BenchConfig:
         """Returns a copy with the command line's choices applied (None keeps a field)."""
         changes: dict[str, Any] = {}
@@ -89,6 +121,14 @@ class BenchConfig:
             changes["architecture"] = architecture
         if sequential_at_most is not None:
             changes["sequential_at_most"] = _positive(sequential_at_most, "--sequential-at-most")
+        if repeats is not None:
+            changes["repeats"] = _positive(repeats, "--repeats")
+        if threads is not None:
+            changes["threads"] = _threads(threads, "--threads")
+        if torch_threads:
+            changes["torch_threads"] = tuple(
+                _threads(int(v), "--torch-threads") for v in _ints(torch_threads, "--torch-threads")
+            )
         return dataclasses.replace(self, **changes)
 
     def widths(self, n: int) -> list[int]:
@@ -104,21 +144,39 @@ def _positive(value: int, flag: str) -> int:
     return value
 
 
-def _positive_ints(text: str, flag: str) -> list[int]:
+def _threads(value: int, flag: str) -> int:
+    if value < 0:
+        raise ValueError(
+            f"Invalid value for {flag}: got {value}, expected 0 (the framework's default) or "
+            "a positive number of threads."
+        )
+    return value
+
+
+def _ints(text: str, flag: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        return [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
         raise ValueError(
             f"Invalid value for {flag}: got {text!r}, expected comma-separated integers such "
             "as 1,4,16."
         ) from None
-    return [_positive(v, flag) for v in values]
+
+
+def _positive_ints(text: str, flag: str) -> list[int]:
+    return [_positive(v, flag) for v in _ints(text, flag)]
 
 
 def _runs(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
     runs = []
     for n in config.members:
-        base = {"samples": config.samples, "epochs": config.epochs, "widths": config.widths(n)}
+        base = {
+            "samples": config.samples,
+            "epochs": config.epochs,
+            "warmup": config.warmup,
+            "threads": config.threads,
+            "widths": config.widths(n),
+        }
         for method in config.methods:
             if method == "pool":
                 for processes in sorted({min(2, n), n}):
@@ -127,7 +185,11 @@ def _runs(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
                 logger.info("bench: %s needs one architecture; left out of a mixed run", method)
             elif method == "torch-vmap":
                 if importlib.util.find_spec("torch") is not None:
-                    runs.append((method, n, base))
+                    for threads in config.torch_threads:
+                        label = method
+                        if len(config.torch_threads) > 1:
+                            label += f"({threads}t)" if threads else "(auto)"
+                        runs.append((label, n, {**base, "threads": threads}))
             elif method == "sequential":
                 runs.append((method, n, {**base, "run_at_most": config.sequential_at_most}))
             else:
@@ -147,16 +209,70 @@ def _run_isolated(method: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_pack_benchmark(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
-    """Runs every method for every member count: `(method, members, measurements)` rows.
+    """Runs every method for every member count, `config.repeats` times in turn:
+    `(method, members, summary)` rows.
 
-    `format_report` turns them into the table; `keras_gpushare._bench.plot` into a PNG.
+    A summary holds the medians over the repeats (`steady_rate`, `wall_s`), the range of the
+    repeats' steady rates (`rate_min`, `rate_max`), the largest `peak_rss_mib` and each
+    repeat's own figures (`repeats`); a method that failed in every repeat has `error`.
+    `format_report` turns the rows into the table; `keras_gpushare._bench.plot` into a PNG.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    results = []
-    for method, n, run_config in _runs(config):
-        logger.info("bench: %s with %d members", method, n)
-        results.append((method, n, _run_isolated(method, run_config)))
-    return results
+    runs = _runs(config)
+    measured: dict[int, list[dict[str, Any]]] = {k: [] for k in range(len(runs))}
+    for repeat, k in interleaved(len(runs), config.repeats):
+        method, n, run_config = runs[k]
+        logger.info("bench: %s with %d members (repeat %d)", method, n, repeat + 1)
+        load = _load_now()
+        measured[k].append({**_run_isolated(method, run_config), "load": load})
+    return [(method, n, summarize(measured[k])) for k, (method, n, _) in enumerate(runs)]
+
+
+def interleaved(runs: int, repeats: int) -> list[tuple[int, int]]:
+    """The order of `(repeat, run)`: every run once per repeat, the order rotated by one
+    each repeat, so that no method always comes first (after a cool machine) or last."""
+    order = []
+    for repeat in range(repeats):
+        shift = repeat % runs if runs else 0
+        order += [(repeat, k) for k in list(range(shift, runs)) + list(range(shift))]
+    return order
+
+
+def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians and range over the repeats of one run; failed repeats are left out."""
+    good = [r for r in repeats if "error" not in r]
+    if not good:
+        return {"error": repeats[-1]["error"], "repeats": repeats}
+    rates = [r["steady_rate"] for r in good]
+    summary = {
+        "steady_rate": float(statistics.median(rates)),
+        "rate_min": min(rates),
+        "rate_max": max(rates),
+        "wall_s": float(statistics.median(r["wall_s"] for r in good)),
+        "cpu_rate": float(statistics.median(r.get("cpu_rate", math.nan) for r in good)),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in good),
+        "repeats": repeats,
+    }
+    notes = sorted({r["note"] for r in good if r.get("note")})
+    failed = len(repeats) - len(good)
+    if failed:
+        notes.append(f"{failed} of {len(repeats)} repeats failed")
+    if notes:
+        summary["note"] = "; ".join(notes)
+    return summary
+
+
+def _load_now() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not on every platform
+        return float("nan")
+
+
+def _load(results: list[tuple[str, int, dict[str, Any]]]) -> str:
+    loads = [r["load"] for _, _, s in results for r in s.get("repeats", [])]
+    loads = [v for v in loads if math.isfinite(v)]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
 
 
 def _device_line() -> str:
@@ -187,14 +303,21 @@ def _device_line() -> str:
 
 def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, Any]]]) -> str:
     """The benchmark table, with ratios against sequential fits at the same member count."""
+    threads = config.threads or "default"
+    torch_threads = ", ".join(str(t or "default") for t in config.torch_threads)
     lines = [
         "keras-gpushare bench: the seeds' MLP (10-w-32-1, Adam, batch 32)",
         f"machine: {_device_line()}",
+        f"load average (1 min) when the runs started: {_load(results)}",
         f"{config.samples} samples x {config.epochs} epochs per member; widths "
         f"{'16/32/48/64' if config.architecture == 'mixed' else '64'}",
+        f"steady: median of epochs {config.warmup + 1}-{config.epochs} of a run; median "
+        f"[min-max] over {config.repeats} interleaved repeat(s); threads per process: "
+        f"TensorFlow {threads}, torch {torch_threads}",
         "",
         f"{'N':>4}  {'method':<12} {'end-to-end s':>12} {'x seq':>7} "
-        f"{'steady model-samples/s':>23} {'x seq':>7} {'peak RSS MiB':>13}",
+        f"{'steady model-samples/s':>23} {'[min-max]':>21} {'x seq':>7} {'per CPU-s':>10} "
+        f"{'peak RSS MiB':>13}",
     ]
     sequential = {n: r for m, n, r in results if m == "sequential" and "error" not in r}
     for method, n, r in results:
@@ -205,10 +328,17 @@ def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, A
         wall_ratio = f"{base['wall_s'] / r['wall_s']:.2f}" if base else "-"
         rate_ratio = f"{r['steady_rate'] / base['steady_rate']:.2f}" if base else "-"
         note = f"  ({r['note']})" if r.get("note") else ""
+        spread = f"[{r['rate_min']:,.0f}-{r['rate_max']:,.0f}]"
+        cpu = f"{r['cpu_rate']:,.0f}" if math.isfinite(r.get("cpu_rate", math.nan)) else "-"
         lines.append(
             f"{n:>4}  {method:<12} {r['wall_s']:>12.1f} {wall_ratio:>7} "
-            f"{r['steady_rate']:>23,.0f} {rate_ratio:>7} {r['peak_rss_mib']:>13,.0f}{note}"
+            f"{r['steady_rate']:>23,.0f} {spread:>21} {rate_ratio:>7} {cpu:>10} "
+            f"{r['peak_rss_mib']:>13,.0f}{note}"
         )
     lines.append("")
     lines.append("x seq: how many times faster than sequential fits (higher is better).")
+    lines.append(
+        "per CPU-s: model-samples per second of this process's CPU time (the steady epochs' "
+        "median); it moves less than the wall-clock rate when other jobs share the machine."
+    )
     return "\n".join(lines)

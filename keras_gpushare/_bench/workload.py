@@ -2,14 +2,21 @@
 
 Every runner trains `members` MLPs (10-w-32-1, Adam, binary cross-entropy, batch 32) for
 `epochs` epochs over the same `samples` random rows and returns a dict of measurements:
-`wall_s` (end to end, model building included), `steady_rate` (model-samples per second in
-the last epoch) and `peak_rss_mib` (summed over the processes it used).
+`wall_s` (end to end, model building included), `epoch_rates` (aggregate model-samples per
+second of each epoch after the first `warmup` ones), `steady_rate` (their median) and
+`peak_rss_mib` (summed over the processes it used); packs and the torch peer also return
+every epoch's seconds (`epoch_s`).
+
+`config["threads"]` (0: the framework's default) caps the threads of each process: TensorFlow's
+intra- and inter-op pools, torch's intra-op pool. It must be set before the framework starts
+its pools, so every runner applies it first.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import statistics
 import time
 from typing import Any
 
@@ -43,19 +50,58 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _apply_threads(config: dict[str, Any], torch: bool = False) -> None:
+    """Caps this process's thread pools at `config["threads"]` (0 leaves the defaults)."""
+    threads = int(config.get("threads") or 0)
+    if threads <= 0:
+        return
+    if torch:
+        import torch as torch_module
+
+        torch_module.set_num_threads(threads)
+        return
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def _timed(times: list[float], config: dict[str, Any]) -> list[float]:
+    """The epochs after the warm-up (at least the last one)."""
+    warmup = int(config.get("warmup", 1))
+    return times[warmup:] or times[-1:]
+
+
+def _rates(
+    model_samples: float, times: list[float], cpu_times: list[float] | None = None
+) -> dict[str, Any]:
+    rates = [model_samples / t for t in times]
+    out = {"epoch_rates": rates, "steady_rate": float(statistics.median(rates))}
+    if cpu_times:
+        out["cpu_rate"] = float(statistics.median(model_samples / t for t in cpu_times))
+    return out
+
+
 def epoch_timer():
-    """A callback recording each epoch's duration in `.times`."""
+    """A callback recording each epoch's duration in `.times` and this process's CPU time
+    during it in `.cpu_times`."""
     import keras
 
     class EpochTimer(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.times: list[float] = []
+            self.cpu_times: list[float] = []
 
         def on_epoch_begin(self, epoch, logs=None):
             self._start = time.perf_counter()
+            self._cpu = time.process_time()
 
         def on_epoch_end(self, epoch, logs=None):
             self.times.append(time.perf_counter() - self._start)
+            self.cpu_times.append(time.process_time() - self._cpu)
 
     return EpochTimer()
 
@@ -66,9 +112,11 @@ def run_sequential(config: dict[str, Any]) -> dict[str, float]:
     With `config["run_at_most"]`, only that many members are trained and the time is scaled
     to all of them (sequential fits cost the same per member), which keeps N=256 runs short.
     """
+    _apply_threads(config)
     start = time.perf_counter()
     x, y = make_data(config["samples"])
-    last_epoch_s = 0.0
+    timed: list[float] = []
+    cpu: list[float] = []
     widths = config["widths"]
     ran = widths[: config.get("run_at_most") or len(widths)]
     for i, width in enumerate(ran):
@@ -76,24 +124,27 @@ def run_sequential(config: dict[str, Any]) -> dict[str, float]:
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
         timer = epoch_timer()
         model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
-        last_epoch_s += timer.times[-1]
+        timed += _timed(timer.times, config)
+        cpu += _timed(timer.cpu_times, config)
     wall = (time.perf_counter() - start) * len(widths) / len(ran)
     return {
         "wall_s": wall,
-        "steady_rate": len(ran) * config["samples"] / last_epoch_s,
+        # One member trains at a time: the aggregate rate is one fit's rate.
+        **_rates(config["samples"], timed, cpu),
         "peak_rss_mib": _peak_rss_mib(),
         "note": "" if len(ran) == len(widths) else f"{len(ran)} run, time scaled",
     }
 
 
-def _pool_task(args: tuple[int, int, dict[str, Any]]) -> dict[str, float]:
+def _pool_task(args: tuple[int, int, dict[str, Any]]) -> dict[str, Any]:
     i, width, config = args
+    _apply_threads(config)
     x, y = make_data(config["samples"])
     model = build_mlp(width, seed=i)
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
     timer = epoch_timer()
     model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
-    return {"pid": os.getpid(), "last_epoch_s": timer.times[-1], "rss": _peak_rss_mib()}
+    return {"pid": os.getpid(), "timed": _timed(timer.times, config), "rss": _peak_rss_mib()}
 
 
 def run_pool(config: dict[str, Any]) -> dict[str, float]:
@@ -109,16 +160,18 @@ def run_pool(config: dict[str, Any]) -> dict[str, float]:
     rss_by_pid: dict[int, float] = {}
     for r in results:
         rss_by_pid[r["pid"]] = max(rss_by_pid.get(r["pid"], 0.0), r["rss"])
-    rate_each = np.mean([config["samples"] / r["last_epoch_s"] for r in results])
+    # `processes` fits run at once, each at about the rate of its epochs.
+    timed = [t for r in results for t in r["timed"]]
     return {
         "wall_s": wall,
-        "steady_rate": float(rate_each) * min(processes, len(tasks)),
+        **_rates(config["samples"] * min(processes, len(tasks)), timed),
         "peak_rss_mib": _peak_rss_mib() + sum(rss_by_pid.values()),
     }
 
 
 def run_pack(config: dict[str, Any]) -> dict[str, float]:
     """All members in one `ModelPack` (engine chosen by `config["fuse"]`)."""
+    _apply_threads(config)
     import keras_gpushare as kg
 
     start = time.perf_counter()
@@ -131,7 +184,12 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
     wall = time.perf_counter() - start
     return {
         "wall_s": wall,
-        "steady_rate": len(members) * config["samples"] / timer.times[-1],
+        **_rates(
+            len(members) * config["samples"],
+            _timed(timer.times, config),
+            _timed(timer.cpu_times, config),
+        ),
+        "epoch_s": timer.times,
         "peak_rss_mib": _peak_rss_mib(),
         "engine": pack.engine,
     }
@@ -144,6 +202,7 @@ def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
     """
     import copy
 
+    _apply_threads(config, torch=True)
     import torch
     from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
@@ -174,9 +233,9 @@ def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
 
     step_grads = vmap(grad_and_value(member_loss), in_dims=(0, 0, None, None))
     optimizer = torch.optim.Adam(list(params.values()), lr=1e-3)
-    epoch_times = []
+    epoch_times, cpu_times = [], []
     for _ in range(config["epochs"]):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for s in range(0, len(x), 32):
             grads, _ = step_grads(params, buffers, x[s : s + 32], y[s : s + 32])
             for name, p in params.items():
@@ -185,11 +244,14 @@ def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
         if device == "cuda":
             torch.cuda.synchronize()
         epoch_times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     wall = time.perf_counter() - start
     return {
         "wall_s": wall,
-        "steady_rate": n * config["samples"] / epoch_times[-1],
+        **_rates(n * config["samples"], _timed(epoch_times, config), _timed(cpu_times, config)),
+        "epoch_s": epoch_times,
         "peak_rss_mib": _peak_rss_mib(),
+        "threads": torch.get_num_threads(),
     }
 
 

@@ -35,6 +35,8 @@ NAN = float("nan")
 _MIB = 1024.0 * 1024.0
 _THREAD_NAME = "keras-gpushare-monitor"
 _PROCESS_LIST_EVERY_S = 1.0  # NVML process lists are slow (ms) calls; nvitop uses 2 s
+# Figures read less often than every sample: a window without a reading reports the last one.
+_CARRIED = ("proc_gpu_mem_mib",)
 _KEEP_SAMPLES = 10_000  # samples kept per window for inspection; figures never truncate
 _JOIN_TIMEOUT_S = 10.0
 
@@ -80,12 +82,16 @@ class _Window:
                 self.maxima[key] = value
                 self.minima[key] = value
 
-    def figures(self, spec: Sequence[tuple[str, str, str]]) -> dict[str, float]:
+    def figures(
+        self, spec: Sequence[tuple[str, str, str]], carried: dict[str, float] | None = None
+    ) -> dict[str, float]:
+        """The figures of `spec`; a raw key with no reading in this window takes its value
+        from `carried` (the last reading before the window), else NaN."""
         out = {}
         for name, raw, how in spec:
             n = self.counts.get(raw, 0)
             if n == 0:
-                out[name] = NAN
+                out[name] = (carried or {}).get(raw, NAN)
             elif how == "mean":
                 out[name] = self.sums[raw] / n
             elif how == "max":
@@ -165,6 +171,7 @@ class Sampler:
         self._cpu_times: tuple[float, float] | None = None
         self._messages: list[tuple[int, str]] = []
         self._latest: dict[str, float] | None = None
+        self._carried: dict[str, float] = {}
         self.error: BaseException | None = None
         self.ended_by_watch = False
         self._thread: threading.Thread | None = None
@@ -203,7 +210,10 @@ class Sampler:
 
         A window shorter than `interval` may hold no sample. Then, with `wait=True`, the
         thread is asked for a sample now and the call waits for it (one NVML round, about a
-        millisecond); with `wait=False` the latest sample stands in, without waiting.
+        millisecond); with `wait=False` the latest sample stands in, without waiting. The
+        process list is read at most once a second, so a window may hold no reading of
+        `proc_gpu_mem_mib`: it then reports the last reading taken (the memory this process
+        held is still held), and NaN only before the first reading or once the GPU is lost.
         """
         with self._cond:
             window = self._windows[name]
@@ -217,7 +227,7 @@ class Sampler:
                 else:
                     window.add(self._latest)
             self._windows[name] = _Window()
-            figures = window.figures(self.spec if spec is None else spec)
+            figures = window.figures(self.spec if spec is None else spec, self._carried)
         return figures, window.samples
 
     def stop(self, timeout: float = _JOIN_TIMEOUT_S) -> None:
@@ -310,6 +320,10 @@ class Sampler:
             for window in self._windows.values():
                 window.add(sample)
             self._latest = sample
+            if not self._gpu_on:  # GPU lost: nothing to carry
+                self._carried = {}
+            elif processes:
+                self._carried = {key: sample[key] for key in _CARRIED if key in sample}
             self._cond.notify_all()
 
     def _host_cpu(self) -> float:

@@ -10,6 +10,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from keras_gpushare import _upstream
+
 logger = logging.getLogger(__name__)
 
 
@@ -71,8 +73,9 @@ def ordered_layers(model: keras.Model) -> list[keras.layers.Layer]:
 def ordered_nodes(model: keras.Model) -> list[Any]:
     """Returns the model's non-input nodes in a topological order."""
     nodes = []
-    for depth in sorted(model._nodes_by_depth, reverse=True):
-        for node in model._nodes_by_depth[depth]:
+    by_depth = _upstream.nodes_by_depth(model)
+    for depth in sorted(by_depth, reverse=True):
+        for node in by_depth[depth]:
             if node.operation is not None and not node.is_input:
                 nodes.append(node)
     return nodes
@@ -150,14 +153,15 @@ def move_variables(layer: keras.layers.Layer, device: str) -> int:
             continue
         with tf.device(device):
             value = tf.identity(v.value)
-            v._initialize(
+            _upstream.reinitialize_variable(
+                v,
                 tf.Variable(
                     value,
                     trainable=v.value.trainable,
                     name=v.value.name.split(":")[0],
                     aggregation=v.value.aggregation,
                     synchronization=v.value.synchronization,
-                )
+                ),
             )
         moved += 1
     if moved:

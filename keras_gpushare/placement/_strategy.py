@@ -15,6 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_gpushare import _upstream
+
 # Public names, most specific first (MultiWorkerMirroredStrategy's class is called
 # CollectiveAllReduceStrategy).
 _PUBLIC_NAMES = (
@@ -80,7 +82,7 @@ def check_optimizer(optimizer: Any) -> None:
             (a name), which is left alone.
     """
     for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        strategy = getattr(opt, "_distribution_strategy", None)
+        strategy = _upstream.optimizer_strategy(opt)
         if strategy is not None and strategy is not tf.distribute.get_strategy():
             raise ValueError(
                 f"Invalid value for argument `optimizer`: {type(opt).__name__} was created "

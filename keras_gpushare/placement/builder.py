@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 from keras import tree
 
+from keras_gpushare import _upstream
 from keras_gpushare.placement import _graph
 from keras_gpushare.placement._strategy import check_no_strategy, check_optimizer
 from keras_gpushare.placement.pipeline import (
@@ -90,7 +91,7 @@ def _stages_from_scopes(model: keras.Model) -> tuple[list[str], dict[str, int]]:
     layers = _graph.ordered_layers(model)
     marker_of: dict[str, str] = {}
     for layer in layers:
-        path = getattr(layer, "_parent_path", None) or ""
+        path = _upstream.name_scope_path(layer)
         found = [p for p in path.split("/") if p in _registry]
         if found:
             marker_of[layer.name] = found[-1]
@@ -112,7 +113,7 @@ def _stages_from_scopes(model: keras.Model) -> tuple[list[str], dict[str, int]]:
             layer_stages[name] = index[marker_of[name]]
         else:
             feeding = [
-                layer_stages.get(t._keras_history.operation.name, 0) for t in node.input_tensors
+                layer_stages.get(_upstream.producing_layer(t).name, 0) for t in node.input_tensors
             ]
             layer_stages[name] = max(feeding, default=0)
             logger.debug("Layer '%s' joins stage %d.", name, layer_stages[name])
@@ -247,9 +248,9 @@ class PlacedModel(keras.Model):
 
     def call(self, inputs: Any, training: bool | None = None, mask: Any = None) -> Any:
         check_no_strategy("calling a `PlacedModel`", self._devices)
-        flat = self._standardize_inputs(inputs)
+        flat = _upstream.standardize_inputs(self, inputs)
         outputs = placed_forward(self, self._placement.stages, flat, training)
-        packed = tree.pack_sequence_as(self._outputs_struct, outputs)
+        packed = tree.pack_sequence_as(_upstream.outputs_struct(self), outputs)
         if isinstance(packed, (list, tuple)) and len(packed) == 1:
             return packed[0]
         return packed

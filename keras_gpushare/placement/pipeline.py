@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
+from keras_gpushare import _upstream
 from keras_gpushare.placement._graph import StageGraph
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def run_stage(stage: StageGraph, values: dict[int, Any], training: bool | None) 
     for node in stage.nodes:
         args, kwargs = node.arguments.fill_in(local)
         op = node.operation
-        if training is not None and "training" in getattr(op, "_call_context_args", ()):
+        if training is not None and "training" in _upstream.call_context_args(op):
             kwargs["training"] = training
         outputs = op(*args, **kwargs)
         for x, y in zip(node.outputs, tree.flatten(outputs)):
@@ -107,7 +108,7 @@ def pipelined_train_step(
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     first, last = stages[0].device, stages[-1].device
     with tf.device(first):
-        x_flat = model._standardize_inputs(x)
+        x_flat = _upstream.standardize_inputs(model, x)
         if microbatches > 1:
             x_flat = _check_batch(x_flat, microbatches)
         x_parts = [tf.split(t, microbatches, axis=0) for t in x_flat]
@@ -123,15 +124,15 @@ def pipelined_train_step(
         flat_out = [mb.values[id(t)] for t in model.outputs]
         y_pred = _pack_outputs(model, flat_out)
         y_preds.append(flat_out)
-        x_j = tree.pack_sequence_as(model._inputs_struct, [p[j] for p in x_parts])
+        x_j = tree.pack_sequence_as(_upstream.inputs_struct(model), [p[j] for p in x_parts])
         with tf.device(last):
             with tf.GradientTape(persistent=bool(model.losses)) as tape:
                 # Keras computes cross-entropy from the logits behind a softmax/sigmoid
                 # output (`_keras_logits`), so both must be watched.
-                watched = flat_out + [o._keras_logits for o in flat_out if _has_logits(o)]
+                watched = flat_out + [_upstream.logits_of(o) for o in flat_out if _has_logits(o)]
                 tape.watch(watched)
-                loss = model._compute_loss(
-                    x=x_j, y=y_parts[j], y_pred=y_pred, sample_weight=sw_parts[j], training=True
+                loss = _upstream.compute_loss(
+                    model, x_j, y_parts[j], y_pred, sw_parts[j], training=True
                 )
                 loss = loss / microbatches
                 scaled = model.optimizer.scale_loss(loss) if model.optimizer else loss
@@ -169,7 +170,7 @@ def pipelined_train_step(
             with colocated_updates(model.optimizer, variable_devices(stages)):
                 model.optimizer.apply(applied, trainable)
         total = tf.add_n(losses)
-        model._loss_tracker.update_state(total, sample_weight=tf.shape(x_flat[0])[0])
+        _upstream.loss_tracker(model).update_state(total, sample_weight=tf.shape(x_flat[0])[0])
         outputs = [tf.concat(list(parts), axis=0) for parts in zip(*y_preds)]
         return model.compute_metrics(
             x, y, _pack_outputs(model, outputs), sample_weight=sample_weight
@@ -177,11 +178,11 @@ def pipelined_train_step(
 
 
 def _has_logits(tensor: Any) -> bool:
-    return getattr(tensor, "_keras_logits", None) is not None
+    return _upstream.logits_of(tensor) is not None
 
 
 def _pack_outputs(model: keras.Model, flat: list[Any]) -> Any:
-    packed = tree.pack_sequence_as(model._outputs_struct, flat)
+    packed = tree.pack_sequence_as(_upstream.outputs_struct(model), flat)
     if isinstance(packed, (list, tuple)) and len(packed) == 1:
         return packed[0]
     return packed
@@ -244,7 +245,7 @@ def _backward(
             sources_in = _grad_inputs(model, inputs)
             variables = stage.trainable_variables
             result = tape.gradient(
-                [local[i] for i in wanted] + [local[i]._keras_logits for i in logits],
+                [local[i] for i in wanted] + [_upstream.logits_of(local[i]) for i in logits],
                 [inputs[i] for i in sources_in] + variables,
                 output_gradients=upstream,
             )
@@ -288,7 +289,9 @@ def colocated_updates(
         "add_variable_from_reference": _on_variable_device(
             optimizer.add_variable_from_reference, 0, device_of
         ),
-        "_apply_weight_decay": _decay_per_device(optimizer._apply_weight_decay, device_of),
+        _upstream.APPLY_WEIGHT_DECAY: _decay_per_device(
+            _upstream.apply_weight_decay(optimizer), device_of
+        ),
     }
     for name, fn in patched.items():
         object.__setattr__(optimizer, name, fn)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import keras
 
+from keras_gpushare import _upstream
 from keras_gpushare.placement import partition
 from keras_gpushare.placement._graph import canonical_device
 from keras_gpushare.placement._strategy import check_no_strategy
@@ -95,7 +96,7 @@ def _graph_of(model: keras.Model) -> tuple[list, list]:
             "no graph to split. Start it with `keras.Input(shape)` or call "
             "`model.build(input_shape)` first."
         )
-    if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
+    if not isinstance(model, keras.Model) or not _upstream.has_layer_graph(model):
         raise ValueError(
             f"Invalid model {getattr(model, 'name', model)!r} of type "
             f"{type(model).__name__}: a subclassed model has no layer graph to split. "

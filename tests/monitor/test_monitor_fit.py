@@ -11,6 +11,7 @@ from fake_nvml import MIB, NVML_ERROR_NOT_SUPPORTED, FakeGpu, h100s
 from monitor_helpers import join_monitor_threads, tiny_data, tiny_model
 
 from keras_gpushare.callbacks import UtilizationLogger
+from keras_gpushare.monitor import sampler as sampler_module
 
 GPU_SUFFIXES = ("util", "util_max", "mem_used_mib", "mem_util", "power_w", "temp_c")
 HOST_KEYS = ("cpu_util", "host_mem_used_mib")
@@ -50,8 +51,9 @@ def present(samples, key):
     return [s[key] for s in samples if key in s and not math.isnan(s[key])]
 
 
-def expected_figures(samples, device_keys, gpm_keys=()):
-    """What the logger must write, computed from the raw samples of the window."""
+def expected_figures(samples, device_keys, gpm_keys=(), last_proc=math.nan):
+    """What the logger must write, computed from the raw samples of the window;
+    `last_proc`: the last process-memory reading before the window."""
     out = {}
     for g in device_keys:
         util = present(samples, f"{g}_util")
@@ -67,8 +69,14 @@ def expected_figures(samples, device_keys, gpm_keys=()):
         sm = present(samples, f"{g}_sm_active")
         out[f"{g}_sm_active"] = sum(sm) / len(sm) if sm else math.nan
     proc = present(samples, "proc_gpu_mem_mib")
-    out["proc_gpu_mem_mib"] = max(proc) if proc else math.nan
+    out["proc_gpu_mem_mib"] = max(proc) if proc else last_proc
     return out
+
+
+def last_proc_reading(samples, before):
+    """The last process-memory reading in `samples`, `before` when they hold none."""
+    readings = [s["proc_gpu_mem_mib"] for s in samples if "proc_gpu_mem_mib" in s]
+    return readings[-1] if readings else before
 
 
 def same(a, b):
@@ -83,12 +91,14 @@ def test_epoch_figures_equal_those_of_the_fake_samples(fake_nvml):
     history, recorder = fit(util_logger, epochs=4)
 
     keys0 = set(recorder.epochs[0][0])
+    last_proc = math.nan
     for logs, samples in recorder.epochs:
         assert samples, "every epoch window has at least one sample"
         assert set(logs) == keys0, "the same keys every epoch"
-        want = expected_figures(samples, ["gpu0", "gpu1"], gpm_keys=["gpu1"])
+        want = expected_figures(samples, ["gpu0", "gpu1"], gpm_keys=["gpu1"], last_proc=last_proc)
         for key, value in want.items():
             assert same(logs[key], value), key
+        last_proc = last_proc_reading(samples, last_proc)
         assert math.isfinite(logs["host_mem_used_mib"])
     assert "gpu1_sm_active" in keys0 and "gpu0_sm_active" not in keys0  # GPM on GPU 1 only
     for key in [f"gpu{i}_{s}" for i in (0, 1) for s in GPU_SUFFIXES] + list(HOST_KEYS):
@@ -151,10 +161,12 @@ def test_every_k_batches_writes_batch_logs(fake_nvml):
     _, recorder = fit(util_logger, epochs=2, steps=4)
     with_figures = [(b, logs, s) for b, logs, s in recorder.batches if "gpu0_util" in logs]
     assert [b for b, _, _ in with_figures] == [1, 3, 1, 3]
-    for _, logs, samples in with_figures:
-        want = expected_figures(samples, ["gpu0"])
+    last_proc = math.nan
+    for _, logs, samples in with_figures:  # batch windows follow one another from train begin
+        want = expected_figures(samples, ["gpu0"], last_proc=last_proc)
         for key, value in want.items():
             assert same(logs[key], value), key
+        last_proc = last_proc_reading(samples, last_proc)
     assert all("gpu0_util" in logs for logs, _ in recorder.epochs)
 
 
@@ -229,6 +241,26 @@ def test_sampler_exception_is_handed_to_the_training_thread(fake_nvml, caplog):
     assert len(history.history["loss"]) == 2
     assert set(recorder.epochs[0][0]) == set(recorder.epochs[1][0])
     assert fake.inits == fake.shutdowns == 1
+
+
+def test_process_memory_carries_the_last_reading_into_short_epochs(fake_nvml, monkeypatch):
+    # Epochs far shorter than the process-list period: only the first sample reads the
+    # process list; every later epoch reports that reading, not NaN (issue 12 item 20).
+    monkeypatch.setattr(sampler_module, "_PROCESS_LIST_EVERY_S", 3600.0)
+    fake = fake_nvml(h100s(1))
+    _, recorder = fit(UtilizationLogger(interval=0.02), epochs=4)
+    readings = [v / MIB for v in fake.values(fake.gpus[0].uuid, "proc_mem")]
+    assert len(readings) == 1
+    first_window = recorder.epochs[0][1]
+    assert [s["proc_gpu_mem_mib"] for s in first_window if "proc_gpu_mem_mib" in s] == readings
+    for logs, samples in recorder.epochs[1:]:
+        assert not [s for s in samples if "proc_gpu_mem_mib" in s]
+        assert logs["proc_gpu_mem_mib"] == readings[0]
+    # The other figures still come from each window's own samples.
+    for logs, samples in recorder.epochs:
+        assert logs["gpu0_util"] == pytest.approx(
+            sum(s["gpu0_util"] for s in samples) / len(samples)
+        )
 
 
 def test_process_memory_when_pid_does_not_match(fake_nvml):

@@ -1,28 +1,43 @@
 """What `find_pack_size` measures for one pack size: time, memory and GPU utilization.
 
+`PackMeasurer` builds, compiles and briefly trains one pack per call and returns its
+`PackSizeMeasurement`; the search (search.py) only decides which sizes to ask for.
 `StepClock` is the Keras callback that times a `fit`: the first two epochs are warm-up
 (tracing, XLA compilation, allocator growth, a late retrace), later epochs are timed until
-enough time has been measured or the search's deadline passes; the median epoch gives the
-steady rate. `MemoryGauge` reads peak memory: the framework allocator's peak with a GPU (reset
-before each size), this process's resident set growth on the CPU. `UtilizationGauge` samples
-NVML on the monitor's sampler thread during the timed epochs only.
+at least five are and half a second has passed, or the search's deadline passes; the median
+epoch gives the steady rate, so one slow epoch (another process took the CPU) does not move
+it. `MemoryGauge` reads peak memory: the framework allocator's peak with a GPU (reset before
+each size), this process's resident set growth on the CPU. `UtilizationGauge` samples NVML
+on the monitor's sampler thread during the timed epochs only.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import psutil
+from keras import tree
 
+from keras_gpushare.autopack.result import (
+    MEMORY_FRACTION,
+    OK,
+    OUT_OF_MEMORY,
+    TIME_BUDGET,
+    PackSizeMeasurement,
+)
 from keras_gpushare.monitor import _framework
 from keras_gpushare.monitor.nvml import NvmlReader
 from keras_gpushare.monitor.sampler import Sampler
+from keras_gpushare.pack import ModelPack
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +45,9 @@ NAN = float("nan")
 _MIB = 1024.0 * 1024.0
 _SAMPLE_INTERVAL_S = 0.1
 WARMUP_EPOCHS = 2
-_MIN_TIMED_EPOCHS = 3
+_MIN_TIMED_EPOCHS = 5
+_MIN_MEASURE_S = 0.5  # timed seconds per size (after the warm-up epochs)
+_MAX_EPOCHS = 50
 _OOM_TEXTS = ("resource_exhausted", "resourceexhausted", "out of memory", "outofmemory", "oom ")
 
 
@@ -67,12 +84,149 @@ def gpu_names() -> list[str]:
     return []
 
 
+class PackMeasurer:
+    """Measures packs of `build_fn`'s models on `x`, `y`: one `measure(n)` per size.
+
+    Args:
+        build_fn: called as `build_fn(i)` or `build_fn()` for each member.
+        x: training inputs, already cut to whole batches.
+        y: training targets.
+        batch_size: batch size of every member.
+        compile_args: arguments of `ModelPack.compile`.
+        memory_fraction: the share of the device's memory above which a size is marked
+            `"memory_fraction"`.
+        deadline: `time.monotonic()` value after which a `fit` stops at the next batch.
+    """
+
+    def __init__(
+        self,
+        build_fn: Callable[..., keras.Model],
+        x: Any,
+        y: Any,
+        batch_size: int,
+        compile_args: dict[str, Any],
+        memory_fraction: float,
+        deadline: float,
+    ) -> None:
+        self.build_fn = build_fn
+        self.x = x
+        self.y = y
+        self.batch_size = batch_size
+        self.compile_args = compile_args
+        self.memory_fraction = memory_fraction
+        self.deadline = deadline
+        self.gpus = gpu_names()
+        self.memory = MemoryGauge(self.gpus)
+        self.utilization = UtilizationGauge()
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the Keras backend trains on a GPU."""
+        return bool(self.gpus)
+
+    @property
+    def device(self) -> str:
+        """Where the packs train, e.g. `"GPU (NVIDIA H200)"` or `"CPU"`."""
+        return f"GPU ({self.utilization.device or self.gpus[0]})" if self.gpus else "CPU"
+
+    @property
+    def memory_kind(self) -> str:
+        """What `memory_mib` measures."""
+        return self.memory.kind
+
+    def open(self) -> None:
+        """Starts the NVML sampler (with a GPU) and learns the device's memory."""
+        if self.gpus:
+            self.utilization.open()
+            self.memory.set_total(self.utilization.total_mib)
+
+    def close(self) -> None:
+        """Stops the NVML sampler."""
+        self.utilization.close()
+
+    def expected_share(self, last: PackSizeMeasurement, n: int) -> float:
+        """The memory share `n` members would take, extrapolated linearly from `last`."""
+        baseline = self.memory.baseline_mib()
+        if not (math.isfinite(last.memory_mib) and math.isfinite(baseline)):
+            return NAN
+        growth = max(0.0, last.memory_mib - (baseline if self.gpus else 0.0))
+        return self.memory.fraction(last.memory_mib + growth * (n - last.members) / last.members)
+
+    def measure(self, n: int, fuse: str | bool = "auto") -> PackSizeMeasurement:
+        """Builds, compiles and briefly trains a pack of `n`; never raises on out-of-memory.
+
+        Args:
+            n: number of members.
+            fuse: `ModelPack`'s `fuse` argument.
+        """
+        row = PackSizeMeasurement(members=n)
+        started = time.perf_counter()
+        pack = None
+        self.memory.start()
+        clock = StepClock(
+            _MIN_MEASURE_S, self.deadline, on_timing_start=self.utilization.restart_window
+        )
+        try:
+            pack = ModelPack.from_builder(self.build_fn, n, fuse=fuse)
+            row.engine = pack.engine
+            pack.compile(**self.compile_args)
+            row.engine = pack.engine  # compile may move a pack to another engine
+            pack.fit(
+                self.x,
+                self.y,
+                batch_size=self.batch_size,
+                epochs=_MAX_EPOCHS,
+                shuffle=False,
+                verbose=0,
+                callbacks=[clock, _RssSampler(self.memory)],
+            )
+            row.gpu_util = self.utilization.utilization()
+            row.memory_mib = self.memory.used_mib()
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            row.status = OUT_OF_MEMORY
+            row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+            logger.info("find_pack_size: %d members ran out of memory: %s", n, row.error)
+        finally:
+            del pack
+            keras.backend.clear_session()
+            gc.collect()
+        row.seconds = time.perf_counter() - started
+        if row.status != OK:
+            return row
+        row.timed_epochs = len(clock.epoch_times)
+        if not clock.epoch_times:
+            row.status = TIME_BUDGET
+            row.error = "the time budget ran out before a timed epoch ended"
+            return row
+        samples = n * int(np.shape(tree.flatten(self.x)[0])[0])
+        rates = [samples / t for t in clock.epoch_times]
+        row.samples_per_s = samples / clock.epoch_seconds()
+        row.spread = (max(rates) - min(rates)) / row.samples_per_s
+        row.memory_fraction = self.memory.fraction(row.memory_mib)
+        if row.memory_fraction > self.memory_fraction:
+            row.status = MEMORY_FRACTION
+        return row
+
+
+class _RssSampler(keras.callbacks.Callback):
+    """Notes the host memory at each epoch end (the CPU's peak memory)."""
+
+    def __init__(self, gauge: MemoryGauge) -> None:
+        super().__init__()
+        self.gauge = gauge
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.gauge.sample()
+
+
 class StepClock(keras.callbacks.Callback):
     """Times the epochs after the warm-up and stops `fit` when enough has been measured.
 
     Args:
         min_measure_s: timed seconds after which `fit` stops at the next epoch end (once
-            three epochs are timed).
+            five epochs are timed).
         deadline: `time.monotonic()` value after which `fit` stops at the next batch.
         on_timing_start: called when the first timed epoch begins.
     """

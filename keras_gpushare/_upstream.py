@@ -1,0 +1,448 @@
+"""Every private name of Keras, KerasTuner and TensorFlow that keras-gpushare uses.
+
+Keras 3 has no public way to do a few things this package needs: walk a Functional graph in
+order, reach a member's compiled loss and metrics, read an optimizer's slot lists, merge a
+replica context's updates. Each such use goes through one accessor here, named after what it
+gives, and tests/test_upstream.py exercises every accessor on the installed releases. When a
+release renames or removes a private name, that test fails and names it, instead of a pack
+failing deep inside a traced step.
+
+TensorFlow and KerasTuner are imported inside the accessors that need them, so this module
+imports with Keras alone (the fused engine runs on JAX without TensorFlow).
+
+Hooks the package overrides rather than calls (a subclass defines a method of the same name,
+which a release may stop calling) are listed in `OVERRIDDEN_HOOKS`; the test checks that each
+still exists with the arguments the override takes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import keras
+
+# (class, method name, argument names the override relies on, Keras backend or None for all)
+OVERRIDDEN_HOOKS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
+    ("keras.Model", "_symbolic_build", ("iterator", "data_batch"), None),
+    ("keras.Model", "_maybe_symbolic_build", ("iterator", "data_batch"), "tensorflow"),
+    ("keras.callbacks.BackupAndRestore", "_save_model", (), None),
+    ("keras_tuner.Tuner", "_build_hypermodel", ("hp",), None),
+)
+
+# ---------------------------------------------------------------- Keras: layer graphs
+
+
+def has_layer_graph(model: Any) -> bool:
+    """Whether `model` is a Functional model (a graph of nodes): `_nodes_by_depth`."""
+    return hasattr(model, "_nodes_by_depth")
+
+
+def nodes_by_depth(model: keras.Model) -> dict[int, list[Any]]:
+    """A Functional model's nodes keyed by depth (outputs at 0): `_nodes_by_depth`."""
+    return model._nodes_by_depth
+
+
+def sequential_graph(model: keras.Sequential) -> keras.Model | None:
+    """The Functional model inside a built Sequential, or None: `_functional`."""
+    return getattr(model, "_functional", None)
+
+
+def inputs_struct(model: keras.Model) -> Any:
+    """The nested structure (dict, list, tensor) of a Functional model's inputs:
+    `_inputs_struct`; None for a model without one."""
+    return getattr(model, "_inputs_struct", None)
+
+
+def outputs_struct(model: keras.Model) -> Any:
+    """The nested structure of a Functional model's outputs: `_outputs_struct`."""
+    return model._outputs_struct
+
+
+def standardize_inputs(model: keras.Model, inputs: Any) -> list[Any]:
+    """A Functional model's inputs as its flat, converted list: `_standardize_inputs`."""
+    return model._standardize_inputs(inputs)
+
+
+def producing_layer(tensor: Any) -> Any:
+    """The operation (layer) that produced a symbolic tensor: `_keras_history.operation`."""
+    return tensor._keras_history.operation
+
+
+def logits_of(tensor: Any) -> Any:
+    """The logits Keras keeps behind a softmax or sigmoid output, or None: `_keras_logits`
+    (cross-entropy losses compute from them)."""
+    return getattr(tensor, "_keras_logits", None)
+
+
+def call_context_args(operation: Any) -> frozenset[str]:
+    """The call-context arguments (such as `training`) a layer takes in `__call__` and
+    hands on to the layers it calls; empty for an operation that is not a layer:
+    `_call_context_args` (Keras 3.10 and later; before, every layer's `__call__` took
+    `training` and no other)."""
+    names = getattr(operation, "_call_context_args", None)
+    if names is None:
+        return frozenset({"training"} if isinstance(operation, keras.layers.Layer) else ())
+    return frozenset(names)
+
+
+def name_scope_path(layer: Any) -> str:
+    """The name scopes a layer was first called under, joined by "/" ("" before its first
+    call, or outside any scope): `_parent_path`."""
+    return getattr(layer, "_parent_path", None) or ""
+
+
+def untrack_layer(model: keras.Model, layer: Any) -> None:
+    """Removes a layer from a model's tracked layers: `_layers`."""
+    model._layers.remove(layer)
+
+
+def model_strategy(model: keras.Model) -> Any:
+    """The `tf.distribute` strategy a model was built under, or None:
+    `_distribute_strategy`."""
+    return getattr(model, "_distribute_strategy", None)
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Builds a model's compiled loss and metrics from one batch: `_symbolic_build`."""
+    model._symbolic_build(data_batch=data_batch)
+
+
+def epoch_iterator_data(iterator: Any) -> Any:
+    """Iterates over what a Keras `EpochIterator` hands to a step function (a batch, a list
+    of batches, or a backend iterator), whatever else its entries hold: it yields
+    `(step, data)` before Keras 3.11 and `(begin_step, end_step, data)` since."""
+    for entry in iterator:
+        yield entry[-1]
+
+
+def reinitialize_variable(variable: keras.Variable, value: Any) -> None:
+    """Replaces the backend variable behind a Keras variable (TensorFlow: a new
+    `tf.Variable`, e.g. on another device): `_initialize`."""
+    variable._initialize(value)
+
+
+# ---------------------------------------------------------------- Keras: compile and losses
+
+
+def compile_loss(model: keras.Model) -> Any:
+    """The `CompileLoss` that `compile(loss=...)` made (callable as `(y, y_pred, sw)`), or
+    None: `_compile_loss`."""
+    return getattr(model, "_compile_loss", None)
+
+
+def compile_metrics(model: keras.Model) -> Any:
+    """The `CompileMetrics` that `compile(metrics=...)` made, or None: `_compile_metrics`."""
+    return getattr(model, "_compile_metrics", None)
+
+
+def weighted_metrics(metrics: Any) -> list[Any]:
+    """A built `CompileMetrics`'s weighted metrics, one entry per output (a list of metrics,
+    or None where none was given): `_flat_weighted_metrics`."""
+    return metrics._flat_weighted_metrics
+
+
+def loss_tracker(model: keras.Model) -> Any:
+    """The `Mean` metric behind a compiled model's `loss` log: `_loss_tracker`."""
+    return model._loss_tracker
+
+
+def compute_loss(
+    model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
+) -> Any:
+    """`model.compute_loss`, passing `training` only to overrides that take it:
+    `Trainer._compute_loss`."""
+    return model._compute_loss(
+        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+    )
+
+
+def model_supports_jit(model: keras.Model) -> bool:
+    """Keras's rule for `jit_compile="auto"`: `keras.src.trainers.trainer.model_supports_jit`."""
+    from keras.src.trainers.trainer import model_supports_jit as supports
+
+    return supports(model)
+
+
+def loss_function_wrapper() -> type:
+    """The class that makes a `Loss` of a function `fn(y_true, y_pred)` (Keras's own losses
+    such as `Huber` subclass it): `keras.src.losses.losses.LossFunctionWrapper`."""
+    from keras.src.losses.losses import LossFunctionWrapper
+
+    return LossFunctionWrapper
+
+
+def wrapped_metric_function(metric: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The function and keyword arguments behind a mean metric made of a function
+    (`MeanSquaredError`, `"mae"`, ...: a `MeanMetricWrapper`): `_fn`, `_fn_kwargs`."""
+    return metric._fn, metric._fn_kwargs
+
+
+def scale_loss_for_distribution(value: Any) -> Any:
+    """Divides a loss by the number of replicas in sync, as Keras's losses do under a
+    strategy: `keras.src.losses.loss.scale_loss_for_distribution`."""
+    from keras.src.losses.loss import scale_loss_for_distribution as scale
+
+    return scale(value)
+
+
+def unscale_loss_for_distribution(value: Any) -> Any:
+    """Undoes `scale_loss_for_distribution`:
+    `keras.src.losses.loss.unscale_loss_for_distribution`."""
+    from keras.src.losses.loss import unscale_loss_for_distribution as unscale
+
+    return unscale(value)
+
+
+# ---------------------------------------------------------------- Keras: optimizers
+
+# Private slot lists of the built-in optimizers the fused engine vectorizes, one variable per
+# model variable in `_get_variable_index` order: Adam/AdamW "momentums", "velocities" and
+# with amsgrad "velocity_hats"; RMSprop "velocities", with momentum "momentums", centered
+# "average_gradients"; Adagrad "accumulators". (SGD's `momentums` is public.)
+SLOT_LISTS = ("momentums", "velocities", "velocity_hats", "average_gradients", "accumulators")
+
+
+def slot_list(optimizer: keras.optimizers.Optimizer, name: str) -> list[Any]:
+    """One of an optimizer's private slot lists (`name` from `SLOT_LISTS`): `_momentums`,
+    `_velocities`, `_velocity_hats`, `_average_gradients`, `_accumulators`."""
+    if name not in SLOT_LISTS:
+        raise ValueError(f"Unknown slot list {name!r}; expected one of {SLOT_LISTS}.")
+    return getattr(optimizer, f"_{name}")
+
+
+def raw_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
+    """The learning rate as given: a schedule, or the variable holding a float
+    (`optimizer.learning_rate` evaluates a schedule): `_learning_rate`."""
+    return optimizer._learning_rate
+
+
+def iterations_variable(optimizer: keras.optimizers.Optimizer) -> keras.Variable:
+    """The variable behind `optimizer.iterations`, to assign to: `_iterations`."""
+    return optimizer._iterations
+
+
+def optimizer_variables_list(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable]:
+    """The model variables an optimizer was built for, in slot order:
+    `_trainable_variables`."""
+    return optimizer._trainable_variables
+
+
+def variable_index(optimizer: keras.optimizers.Optimizer, variable: Any) -> int:
+    """The position of a model variable in the optimizer's slot lists:
+    `_get_variable_index`."""
+    return optimizer._get_variable_index(variable)
+
+
+def weight_decay_exclusions(optimizer: keras.optimizers.Optimizer) -> tuple[Any, Any]:
+    """What `exclude_from_weight_decay` recorded: (variable keys, compiled name pattern):
+    `_exclude_from_weight_decay`, `_exclude_from_weight_decay_pattern`."""
+    return (
+        getattr(optimizer, "_exclude_from_weight_decay", None),
+        getattr(optimizer, "_exclude_from_weight_decay_pattern", None),
+    )
+
+
+APPLY_WEIGHT_DECAY = "_apply_weight_decay"  # the optimizer method that decays all variables
+
+
+def apply_weight_decay(optimizer: keras.optimizers.Optimizer) -> Callable[[list[Any]], Any]:
+    """The bound method that applies weight decay to a list of variables (placement runs
+    it per device by setting an instance attribute of this name): `_apply_weight_decay`."""
+    return getattr(optimizer, APPLY_WEIGHT_DECAY)
+
+
+def optimizer_strategy(optimizer: Any) -> Any:
+    """The `tf.distribute` strategy a TensorFlow-backend optimizer was created under, or
+    None: `_distribution_strategy`."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+# ---------------------------------------------------------------- Keras: callbacks, metrics
+
+
+def metric_direction(metric: Any) -> str | None:
+    """`"up"` or `"down"`: which way a Keras metric improves, or None: `_direction`."""
+    return getattr(metric, "_direction", None)
+
+
+def reset_monitor_op(callback: Any) -> bool:
+    """Makes `EarlyStopping`/`ModelCheckpoint`/`ReduceLROnPlateau` choose their comparison
+    again from `mode` and the model's metrics: `_set_monitor_op`. False when the callback
+    has no such method."""
+    method = getattr(callback, "_set_monitor_op", None)
+    if method is None:
+        return False
+    method()
+    return True
+
+
+def backup_weights_path(callback: keras.callbacks.BackupAndRestore) -> str:
+    """The weights file `BackupAndRestore` writes: `_weights_path`."""
+    return callback._weights_path
+
+
+# ---------------------------------------------------------------- TensorFlow: tf.distribute
+
+
+def in_multi_worker_mode(strategy: Any) -> bool:
+    """Whether a strategy spans several workers: `extended._in_multi_worker_mode()`."""
+    return bool(strategy.extended._in_multi_worker_mode())
+
+
+def strategy_supports_no_merge_call() -> bool:
+    """Whether the current strategy updates without a merge call:
+    `tf.__internal__.distribute.strategy_supports_no_merge_call`."""
+    import tensorflow as tf
+
+    return tf.__internal__.distribute.strategy_supports_no_merge_call()
+
+
+def maybe_merge_call(fn: Callable[..., Any], strategy: Any, *args: Any, **kwargs: Any) -> Any:
+    """Runs `fn(strategy, *args)` in a cross-replica merge call when the strategy needs one:
+    `tf.__internal__.distribute.interim.maybe_merge_call`."""
+    import tensorflow as tf
+
+    return tf.__internal__.distribute.interim.maybe_merge_call(fn, strategy, *args, **kwargs)
+
+
+# ---------------------------------------------------------------- KerasTuner
+
+
+def _kt(module: str) -> ModuleType:
+    return importlib.import_module(f"keras_tuner.src.{module}")
+
+
+def kt_load_json(path: str) -> Any:
+    """Reads a JSON file as KerasTuner does: `keras_tuner.src.utils.load_json`."""
+    return _kt("utils").load_json(path)
+
+
+def kt_save_json(path: str, obj: Any) -> Any:
+    """Writes a JSON file as KerasTuner does: `keras_tuner.src.utils.save_json`."""
+    return _kt("utils").save_json(path, obj)
+
+
+def get_hypermodel(hypermodel: Any) -> Any:
+    """A `HyperModel` from a hypermodel or a build function:
+    `keras_tuner.src.engine.hypermodel.get_hypermodel`."""
+    return _kt("engine.hypermodel").get_hypermodel(hypermodel)
+
+
+def model_size(model: keras.Model) -> Any:
+    """The parameter count KerasTuner checks against `max_model_size`:
+    `keras_tuner.src.engine.tuner.maybe_compute_model_size`."""
+    return _kt("engine.tuner").maybe_compute_model_size(model)
+
+
+def validate_trial_results(results: Any, objective: Any, where: str) -> None:
+    """KerasTuner's check of what `run_trial` returned:
+    `keras_tuner.src.engine.tuner_utils.validate_trial_results`."""
+    _kt("engine.tuner_utils").validate_trial_results(results, objective, where)
+
+
+def release_oracle_lock(oracle: Any, thread_name: str) -> bool:
+    """Releases the lock KerasTuner's `@synchronized` holds on `oracle` when thread
+    `thread_name` holds it (it is never released when the wrapped method raises); returns
+    whether it did: `keras_tuner.src.engine.oracle.LOCKS`, `THREADS`."""
+    kt_oracle = _kt("engine.oracle")
+    if kt_oracle.THREADS.get(oracle) != thread_name:
+        return False
+    kt_oracle.THREADS[oracle] = None
+    kt_oracle.LOCKS[oracle].release()
+    return True
+
+
+def retry_queue(oracle: Any) -> list[str]:
+    """Ids of the trials the oracle will hand out again: `_retry_queue`."""
+    return oracle._retry_queue
+
+
+def set_retry_queue(oracle: Any, trial_ids: list[str]) -> None:
+    """Replaces the oracle's retry queue: `_retry_queue`."""
+    oracle._retry_queue = trial_ids
+
+
+def run_times(oracle: Any) -> dict[str, int]:
+    """How many times each trial was run, by id: `_run_times`."""
+    return oracle._run_times
+
+
+def oracle_project_dir(oracle: Any) -> str:
+    """The oracle's project folder: `_project_dir`."""
+    return oracle._project_dir
+
+
+def set_oracle_project_dir(oracle: Any, directory: str, project_name: str) -> None:
+    """Points the oracle at a project folder: `_set_project_dir`."""
+    oracle._set_project_dir(directory, project_name)
+
+
+def oracle_file(oracle: Any) -> str:
+    """The path of `oracle.json`: `_get_oracle_fname`."""
+    return oracle._get_oracle_fname()
+
+
+def trial_dir(oracle: Any, trial_id: str) -> str:
+    """A trial's folder: `_get_trial_dir`."""
+    return oracle._get_trial_dir(trial_id)
+
+
+def replace_save_trial(oracle: Any, save: Callable[[Any], None]) -> None:
+    """Makes the oracle write `trial.json` files with `save(trial)`: `_save_trial`."""
+    oracle._save_trial = save
+
+
+def is_worker(tuner: Any) -> bool:
+    """Whether this tuner is a worker of a distributed search: `_is_worker`."""
+    return bool(tuner._is_worker())
+
+
+def tuner_file(tuner: Any) -> str:
+    """The path of the tuner's state file: `_get_tuner_fname`."""
+    return tuner._get_tuner_fname()
+
+
+def checkpoint_file(tuner: Any, trial_id: str) -> str:
+    """The weights file of a trial: `_get_checkpoint_fname`."""
+    return tuner._get_checkpoint_fname(trial_id)
+
+
+def build_config_file(tuner: Any, trial_id: str) -> str:
+    """The build-config file of a trial: `_get_build_config_fname`."""
+    return tuner._get_build_config_fname(trial_id)
+
+
+def copy_callbacks(tuner: Any, callbacks: list[Any]) -> list[Any]:
+    """Deep copies of the search's callbacks for one trial: `_deepcopy_callbacks`."""
+    return tuner._deepcopy_callbacks(callbacks)
+
+
+def configure_tensorboard_dir(tuner: Any, callbacks: list[Any], trial: Any) -> None:
+    """Points `TensorBoard` callbacks at the trial's own log folder:
+    `_configure_tensorboard_dir`."""
+    tuner._configure_tensorboard_dir(callbacks, trial)
+
+
+def run_and_update_trial(tuner: Any, trial: Any, *fit_args: Any, **fit_kwargs: Any) -> None:
+    """Runs one trial as `search` does, recording its result or failure:
+    `_try_run_and_update_trial`."""
+    tuner._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
+
+
+def kt_protos() -> ModuleType:
+    """KerasTuner's gRPC messages and service: `keras_tuner.src.protos`."""
+    return _kt("protos")
+
+
+def oracle_servicer_class() -> type:
+    """The chief's gRPC servicer: `keras_tuner.src.distribute.oracle_chief.OracleServicer`."""
+    return _kt("distribute.oracle_chief").OracleServicer
+
+
+def is_chief_oracle() -> bool:
+    """Whether this process is the chief of a distributed search (`KERASTUNER_TUNER_ID`):
+    `keras_tuner.src.distribute.utils.is_chief_oracle`."""
+    return bool(_kt("distribute.utils").is_chief_oracle())

@@ -1,0 +1,525 @@
+"""Every private Keras / KerasTuner / TensorFlow name in keras_gpushare/_upstream.py, checked
+against the installed releases: one test per accessor, on real objects, with a known answer.
+
+When a release renames, removes or changes one of these names, the test of its accessor fails
+and names it. `test_every_accessor_has_a_test` keeps the list complete.
+"""
+
+import inspect
+import os
+
+import keras
+import numpy as np
+import pytest
+from keras import tree
+
+from keras_gpushare import _upstream
+
+TF = keras.backend.backend() == "tensorflow"
+needs_tf = pytest.mark.skipif(not TF, reason="a TensorFlow-backend name")
+TESTED = set()
+
+
+def covers(*names):
+    def mark(fn):
+        TESTED.update(names)
+        return fn
+
+    return mark
+
+
+def functional():
+    inputs = {"a": keras.Input((3,), name="a"), "b": keras.Input((2,), name="b")}
+    h = keras.layers.Dense(4, activation="relu", name="hidden")(inputs["a"])
+    h = keras.layers.Concatenate(name="join")([h, inputs["b"]])
+    out = keras.layers.Dense(2, activation="softmax", name="probs")(h)
+    return keras.Model(inputs, [out], name="net")
+
+
+def compiled_sequential(**compile_kwargs):
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(2, name="d"), keras.layers.Dropout(0.1)]
+    )
+    model.compile(optimizer="sgd", loss="mse", **({"metrics": ["mae"]} | compile_kwargs))
+    return model
+
+
+def built(optimizer, n=2):
+    variables = [keras.Variable(np.ones((2,), "float32") * i, name=f"v{i}") for i in range(n)]
+    optimizer.build(variables)
+    return optimizer, variables
+
+
+# ---------------------------------------------------------------- Keras: layer graphs
+
+
+@covers("has_layer_graph", "nodes_by_depth")
+def test_nodes_by_depth_lists_a_functional_graph_from_outputs_down():
+    model = functional()
+    assert _upstream.has_layer_graph(model)
+    assert not _upstream.has_layer_graph(keras.layers.Dense(1))
+    by_depth = _upstream.nodes_by_depth(model)
+    order = [
+        node.operation.name
+        for depth in sorted(by_depth, reverse=True)
+        for node in by_depth[depth]
+        if not node.is_input
+    ]
+    assert order == ["hidden", "join", "probs"]
+    assert all(hasattr(n, "arguments") and hasattr(n, "outputs") for n in by_depth[0])
+
+
+@covers("sequential_graph")
+def test_sequential_graph_is_the_functional_model_inside():
+    model = compiled_sequential()
+    inner = _upstream.sequential_graph(model)
+    assert isinstance(inner, keras.Model) and _upstream.has_layer_graph(inner)
+    assert [type(layer).__name__ for layer in inner.layers] == ["InputLayer", "Dense", "Dropout"]
+    assert _upstream.sequential_graph(keras.Sequential([keras.layers.Dense(1)])) is None
+
+
+@covers("inputs_struct", "outputs_struct", "standardize_inputs")
+def test_input_and_output_structures():
+    model = functional()
+    struct = _upstream.inputs_struct(model)
+    assert isinstance(struct, dict) and sorted(struct) == ["a", "b"]
+    assert isinstance(_upstream.outputs_struct(model), list)
+    flat = _upstream.standardize_inputs(
+        model, {"b": np.zeros((1, 2), "float32"), "a": np.ones((1, 3), "float32")}
+    )
+    assert [tuple(t.shape) for t in flat] == [(1, 3), (1, 2)]  # in the inputs' order
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    assert _upstream.inputs_struct(Subclassed()) is None
+
+
+@covers("producing_layer", "logits_of")
+def test_symbolic_tensor_history_and_logits():
+    model = functional()
+    out = model.outputs[0]
+    assert _upstream.producing_layer(out).name == "probs"
+    assert _upstream.logits_of(keras.ops.ones((1, 2))) is None
+    if not TF:
+        return  # placement, the only user, is TensorFlow's
+    import tensorflow as tf
+
+    # Keras keeps the pre-softmax tensor on a softmax layer's output (in a graph) for
+    # cross-entropy; placement runs layer by layer and watches it.
+    layer = keras.layers.Dense(2, activation="softmax")
+
+    @tf.function
+    def softmax_of_logits_minus_probs(x):
+        y = layer(x)
+        return tf.nn.softmax(_upstream.logits_of(y)) - y
+
+    difference = softmax_of_logits_minus_probs(tf.ones((1, 3)))
+    np.testing.assert_allclose(difference.numpy(), 0.0, atol=1e-6)
+
+
+@covers("call_context_args")
+def test_layers_take_training_as_a_call_context_argument():
+    inputs = keras.Input((3,))
+    x = keras.layers.Dropout(0.5)(inputs)
+    x = keras.ops.add(x, x)
+    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    operations = [
+        node.operation
+        for nodes in _upstream.nodes_by_depth(model).values()
+        for node in nodes
+        if not node.is_input
+    ]
+    by_type = {type(op).__name__: _upstream.call_context_args(op) for op in operations}
+    assert "training" in by_type["Dropout"] and "training" in by_type["Dense"]
+    assert by_type["Add"] == frozenset()  # a keras.ops operation, not a layer
+    # Before Keras 3.10 layers had no `_call_context_args`; every layer took `training`.
+    old_style = keras.layers.Dense(1)
+    if hasattr(old_style, "_call_context_args"):
+        object.__delattr__(old_style, "_call_context_args")
+    assert _upstream.call_context_args(old_style) == frozenset({"training"})
+
+
+@covers("name_scope_path")
+def test_name_scope_path_of_a_layer_first_called_in_a_scope():
+    layer = keras.layers.Dense(1)
+    assert _upstream.name_scope_path(layer) == ""
+    with keras.name_scope("outer"), keras.name_scope("inner"):
+        layer(keras.Input((2,)))
+    assert _upstream.name_scope_path(layer).split("/")[-2:] == ["outer", "inner"]
+
+
+@covers("untrack_layer")
+def test_untrack_layer_removes_it_from_the_model_layers():
+    class Holder(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.a = keras.layers.Dense(1)
+            self.b = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.a(x)
+
+    model = Holder()
+    _upstream.untrack_layer(model, model.b)
+    assert model.layers == [model.a]
+
+
+@covers("model_strategy")
+def test_model_strategy_is_none_without_one():
+    assert _upstream.model_strategy(functional()) is None
+    if TF:
+        import tensorflow as tf
+
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        with strategy.scope():
+            model = functional()
+        assert _upstream.model_strategy(model) is strategy
+
+
+@covers("symbolic_build", "compile_loss", "compile_metrics", "weighted_metrics")
+def test_compiled_loss_and_metrics_after_a_symbolic_build():
+    model = compiled_sequential(weighted_metrics=["mse"])
+    assert not _upstream.compile_metrics(model).built
+    batch = (np.ones((4, 3), "float32"), np.zeros((4, 2), "float32"))
+    _upstream.symbolic_build(model, batch)
+    metrics = _upstream.compile_metrics(model)
+    assert metrics.built
+    per_output = _upstream.weighted_metrics(metrics)
+    assert len(per_output) == 1  # one output
+    assert [m.name for m in per_output[0].metrics] == ["mse"]
+    y_pred = np.full((4, 2), 2.0, "float32")
+    loss = _upstream.compile_loss(model)(batch[1], y_pred, None)
+    assert float(keras.ops.convert_to_numpy(loss)) == pytest.approx(4.0)
+    assert _upstream.compile_loss(keras.Sequential()) is None
+
+
+@covers("loss_tracker", "compute_loss")
+def test_loss_tracker_and_compute_loss():
+    model = compiled_sequential()
+    x, y = np.ones((4, 3), "float32"), np.zeros((4, 2), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    tracker = _upstream.loss_tracker(model)
+    assert tracker.name == "loss" and int(keras.ops.convert_to_numpy(tracker.count)) > 0
+    y_pred = np.ones((4, 2), "float32")
+    loss = _upstream.compute_loss(model, x, y, y_pred, None, training=False)
+    assert float(keras.ops.convert_to_numpy(loss)) == pytest.approx(1.0)
+
+
+@covers("epoch_iterator_data")
+def test_epoch_iterator_data_is_the_last_item_of_each_entry():
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    x = np.arange(12, dtype="float32").reshape(6, 2)
+    iterator = EpochIterator(x=x, batch_size=2, steps_per_execution=1, shuffle=False)
+    seen = []
+    for data in _upstream.epoch_iterator_data(iterator):
+        batch = next(data) if hasattr(data, "__next__") else data[0]
+        seen.append(keras.ops.convert_to_numpy(tree.flatten(batch)[0]))
+        if len(seen) == 3:
+            break
+    np.testing.assert_array_equal(np.concatenate(seen), x)
+
+
+@covers("model_supports_jit")
+def test_model_supports_jit_is_a_boolean():
+    assert _upstream.model_supports_jit(functional()) in (True, False)
+
+
+@covers("loss_function_wrapper", "wrapped_metric_function")
+def test_losses_and_metrics_made_of_a_function():
+    wrapper = _upstream.loss_function_wrapper()
+    assert isinstance(keras.losses.Huber(), wrapper)
+    loss = wrapper(keras.losses.mean_squared_error)
+    value = loss(np.zeros((2, 1), "float32"), np.full((2, 1), 3.0, "float32"))
+    assert float(keras.ops.convert_to_numpy(value)) == pytest.approx(9.0)
+    fn, kwargs = _upstream.wrapped_metric_function(keras.metrics.MeanSquaredError())
+    assert fn is keras.metrics.mean_squared_error and kwargs == {}
+    fn, kwargs = _upstream.wrapped_metric_function(keras.metrics.BinaryAccuracy(threshold=0.3))
+    assert fn is keras.metrics.binary_accuracy and kwargs == {"threshold": 0.3}
+
+
+@covers("scale_loss_for_distribution", "unscale_loss_for_distribution")
+def test_loss_scaling_for_distribution_round_trips():
+    value = keras.ops.convert_to_tensor(3.0)
+    scaled = _upstream.scale_loss_for_distribution(value)
+    back = _upstream.unscale_loss_for_distribution(scaled)
+    assert float(keras.ops.convert_to_numpy(back)) == pytest.approx(3.0)
+
+
+# ---------------------------------------------------------------- Keras: optimizers
+
+
+@pytest.mark.parametrize(
+    "optimizer, lists",
+    [
+        (lambda: keras.optimizers.Adam(amsgrad=True), ("momentums", "velocities", "velocity_hats")),
+        (lambda: keras.optimizers.AdamW(), ("momentums", "velocities")),
+        (
+            lambda: keras.optimizers.RMSprop(momentum=0.9, centered=True),
+            ("velocities", "momentums", "average_gradients"),
+        ),
+        (lambda: keras.optimizers.Adagrad(), ("accumulators",)),
+    ],
+    ids=["adam", "adamw", "rmsprop", "adagrad"],
+)
+@covers("slot_list", "variable_index", "optimizer_variables_list")
+def test_slot_lists_hold_one_slot_per_variable_in_index_order(optimizer, lists):
+    opt, variables = built(optimizer())
+    assert _upstream.optimizer_variables_list(opt) == variables
+    for name in lists:
+        slots = _upstream.slot_list(opt, name)
+        assert len(slots) == len(variables), name
+        for v in variables:
+            slot = slots[_upstream.variable_index(opt, v)]
+            assert tuple(slot.shape) == tuple(v.shape)
+    with pytest.raises(ValueError, match="Unknown slot list"):
+        _upstream.slot_list(opt, "moments")
+
+
+@covers("raw_learning_rate", "iterations_variable")
+def test_raw_learning_rate_and_iterations():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert _upstream.raw_learning_rate(keras.optimizers.SGD(schedule)) is schedule
+    opt, _ = built(keras.optimizers.SGD(0.25))
+    assert float(keras.ops.convert_to_numpy(_upstream.raw_learning_rate(opt))) == 0.25
+    _upstream.iterations_variable(opt).assign_add(3)
+    assert int(keras.ops.convert_to_numpy(opt.iterations)) == 3
+
+
+@covers("weight_decay_exclusions", "apply_weight_decay")
+def test_weight_decay_exclusions_and_method():
+    opt = keras.optimizers.AdamW(learning_rate=0.5, weight_decay=0.1)
+    opt.exclude_from_weight_decay(var_names=["bias"])
+    keys, pattern = _upstream.weight_decay_exclusions(opt)
+    assert pattern is not None and pattern.search("dense/bias")
+    assert keys is not None
+    opt, variables = built(opt)
+    assert callable(_upstream.apply_weight_decay(opt))
+    assert _upstream.APPLY_WEIGHT_DECAY in dir(type(opt))
+    before = keras.ops.convert_to_numpy(variables[1]).copy()
+    _upstream.apply_weight_decay(opt)(variables)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variables[1]), before * (1 - 0.05))
+
+
+@needs_tf
+@covers("optimizer_strategy", "reinitialize_variable")
+def test_optimizer_strategy_and_reinitialized_variables():
+    import tensorflow as tf
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        inside = keras.optimizers.SGD()
+    assert _upstream.optimizer_strategy(inside) is strategy
+    assert _upstream.optimizer_strategy(keras.optimizers.SGD()) is not strategy
+    v = keras.Variable(np.ones((2,), "float32"))
+    _upstream.reinitialize_variable(v, tf.Variable(np.full((2,), 7.0, "float32")))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(v), [7.0, 7.0])
+
+
+# ---------------------------------------------------------------- Keras: callbacks, metrics
+
+
+@covers("metric_direction")
+def test_metric_direction():
+    assert _upstream.metric_direction(keras.metrics.R2Score()) == "up"
+    assert _upstream.metric_direction(keras.metrics.MeanSquaredError()) == "down"
+    assert _upstream.metric_direction(object()) is None
+
+
+@covers("reset_monitor_op")
+def test_reset_monitor_op_follows_mode():
+    stop = keras.callbacks.EarlyStopping(monitor="val_thing", mode="max")
+    assert _upstream.reset_monitor_op(stop)
+    assert stop.monitor_op(2.0, 1.0)  # larger is better under mode="max"
+    assert not _upstream.reset_monitor_op(keras.callbacks.History())
+
+
+@covers("backup_weights_path")
+def test_backup_weights_path_is_inside_the_backup_dir(tmp_path):
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path))
+    assert os.path.dirname(_upstream.backup_weights_path(backup)) == str(tmp_path)
+
+
+@pytest.mark.parametrize("owner, method, arguments, backend", _upstream.OVERRIDDEN_HOOKS)
+def test_overridden_hooks_exist_with_their_arguments(owner, method, arguments, backend):
+    if backend not in (None, keras.backend.backend()):
+        pytest.skip(f"a hook of the {backend} backend")
+    module, _, name = owner.rpartition(".")
+    cls = getattr(pytest.importorskip(module), name)
+    assert hasattr(cls, method), f"{owner}.{method} is gone"
+    params = inspect.signature(getattr(cls, method)).parameters
+    assert set(arguments) <= set(params), f"{owner}.{method} takes {list(params)}"
+
+
+# ---------------------------------------------------------------- TensorFlow: tf.distribute
+
+
+@needs_tf
+@covers("in_multi_worker_mode", "strategy_supports_no_merge_call", "maybe_merge_call")
+def test_tf_distribute_internals():
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    assert _upstream.in_multi_worker_mode(strategy) is False
+    assert isinstance(_upstream.strategy_supports_no_merge_call(), bool)
+    seen = []
+
+    def replica_fn():
+        context = tf.distribute.get_replica_context()
+        return _upstream.maybe_merge_call(
+            lambda s, value: seen.append(type(s).__name__) or value, context.strategy, 5
+        )
+
+    assert strategy.run(replica_fn) == 5
+    assert seen == ["MirroredStrategy"]
+
+
+# ---------------------------------------------------------------- KerasTuner
+
+
+@pytest.fixture
+def kt():
+    return pytest.importorskip("keras_tuner")
+
+
+def _tiny_tuner(kt, tmp_path, **kwargs):
+    def build(hp):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(hp.Int("u", 1, 2))])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    return kt.RandomSearch(
+        build,
+        objective="loss",
+        max_trials=1,
+        directory=str(tmp_path),
+        project_name="p",
+        **kwargs,
+    )
+
+
+@covers("kt_load_json", "kt_save_json")
+def test_kt_json(kt, tmp_path):
+    path = str(tmp_path / "x.json")
+    _upstream.kt_save_json(path, {"a": [1, 2]})
+    assert _upstream.kt_load_json(path) == {"a": [1, 2]}
+
+
+@covers("get_hypermodel", "model_size")
+def test_kt_hypermodel_and_model_size(kt):
+    def build(hp):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+    hm = _upstream.get_hypermodel(build)
+    assert isinstance(hm, kt.HyperModel)
+    model = hm.build(kt.HyperParameters())
+    assert int(_upstream.model_size(model)) == 8
+
+
+@covers("validate_trial_results")
+def test_kt_validate_trial_results(kt):
+    objective = kt.Objective("val_loss", "min")
+    _upstream.validate_trial_results({"val_loss": 1.0}, objective, "f()")
+    with pytest.raises(TypeError, match="f()"):
+        _upstream.validate_trial_results("bad", objective, "f()")
+
+
+@covers("release_oracle_lock")
+def test_kt_release_oracle_lock(kt):
+    import threading
+
+    from keras_tuner.src.engine import oracle as kt_oracle
+
+    oracle = kt.oracles.RandomSearchOracle(objective="loss", max_trials=1)
+    assert not _upstream.release_oracle_lock(oracle, threading.current_thread().name)
+    kt_oracle.LOCKS[oracle].acquire()
+    kt_oracle.THREADS[oracle] = threading.current_thread().name
+    assert _upstream.release_oracle_lock(oracle, threading.current_thread().name)
+    assert kt_oracle.LOCKS[oracle].acquire(blocking=False)  # released
+    kt_oracle.LOCKS[oracle].release()
+
+
+@covers(
+    "retry_queue",
+    "set_retry_queue",
+    "run_times",
+    "oracle_project_dir",
+    "set_oracle_project_dir",
+    "oracle_file",
+    "trial_dir",
+    "replace_save_trial",
+)
+def test_kt_oracle_internals(kt, tmp_path):
+    oracle = kt.oracles.RandomSearchOracle(objective="loss", max_trials=2)
+    _upstream.set_oracle_project_dir(oracle, str(tmp_path), "p")
+    assert _upstream.oracle_project_dir(oracle) == os.path.join(str(tmp_path), "p")
+    assert _upstream.oracle_file(oracle) == os.path.join(str(tmp_path), "p", "oracle.json")
+    assert _upstream.trial_dir(oracle, "7") == os.path.join(str(tmp_path), "p", "trial_7")
+    saved = []
+    _upstream.replace_save_trial(oracle, saved.append)
+    oracle.update_space(kt.HyperParameters())
+    trial = oracle.create_trial("tuner0")
+    assert _upstream.run_times(oracle)[trial.trial_id] == 0
+    oracle.update_trial(trial.trial_id, {"loss": 1.0})
+    trial.status = "COMPLETED"
+    oracle.end_trial(trial)
+    assert _upstream.run_times(oracle)[trial.trial_id] == 1
+    assert [t.trial_id for t in saved][-1] == trial.trial_id
+    assert _upstream.retry_queue(oracle) == []
+    _upstream.set_retry_queue(oracle, [trial.trial_id])
+    assert _upstream.retry_queue(oracle) == [trial.trial_id]
+
+
+@covers(
+    "is_worker",
+    "tuner_file",
+    "checkpoint_file",
+    "build_config_file",
+    "copy_callbacks",
+    "configure_tensorboard_dir",
+    "run_and_update_trial",
+)
+def test_kt_tuner_internals(kt, tmp_path):
+    tuner = _tiny_tuner(kt, tmp_path)
+    assert _upstream.is_worker(tuner) is False
+    assert _upstream.tuner_file(tuner).endswith(os.path.join("p", "tuner0.json"))
+    assert os.path.basename(os.path.dirname(_upstream.checkpoint_file(tuner, "00"))) == ("trial_00")
+    assert _upstream.build_config_file(tuner, "00").endswith("build_config.json")
+    callbacks = [keras.callbacks.TensorBoard(str(tmp_path / "tb"))]
+    copies = _upstream.copy_callbacks(tuner, callbacks)
+    assert copies[0] is not callbacks[0]
+    trial = tuner.oracle.create_trial(tuner.tuner_id)
+    _upstream.configure_tensorboard_dir(tuner, copies, trial)
+    assert trial.trial_id in copies[0].log_dir
+    x, y = np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
+    _upstream.run_and_update_trial(tuner, trial, x, y, epochs=1, verbose=0)
+    assert tuner.oracle.get_trial(trial.trial_id).metrics.exists("loss")
+
+
+@covers("kt_protos", "oracle_servicer_class", "is_chief_oracle")
+def test_kt_distributed_internals(kt, monkeypatch):
+    protos = _upstream.kt_protos()
+    assert hasattr(protos.get_service(), "CreateTrialResponse")
+    assert hasattr(protos.get_service_grpc(), "add_OracleServicer_to_server")
+    servicer = _upstream.oracle_servicer_class()
+    assert hasattr(servicer, "CreateTrial") and hasattr(servicer, "EndTrial")
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "chief")
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "8000")
+    assert _upstream.is_chief_oracle() is True
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "tuner0")
+    assert _upstream.is_chief_oracle() is False
+
+
+def test_every_accessor_has_a_test():
+    accessors = {
+        name
+        for name, value in vars(_upstream).items()
+        if inspect.isfunction(value)
+        and value.__module__ == _upstream.__name__
+        and not name.startswith("_")
+    }
+    assert accessors - TESTED == set()
+    assert TESTED - accessors == set()
