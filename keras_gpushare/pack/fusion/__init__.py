@@ -1,6 +1,11 @@
 """The fused engine: N same-architecture models as one model with stacked weights."""
 
-from keras_gpushare.pack.fusion import layers_conv, layers_core, layers_norm
+from keras_gpushare.pack.fusion import (
+    layers_conv,
+    layers_core,
+    layers_norm,
+    layers_recurrent,
+)
 from keras_gpushare.pack.fusion.base import FusedLayer
 from keras_gpushare.pack.fusion.layers_core import FusedPerSample
 from keras_gpushare.pack.fusion.model import FusedModel, build_fused_model
@@ -18,6 +23,7 @@ __all__ = [
     "layers_conv",
     "layers_core",
     "layers_norm",
+    "layers_recurrent",
     "register_fused_layer",
     "VectorizedOptimizer",
 ]
