@@ -5,6 +5,7 @@ from keras_gpushare.pack.fusion import (
     layers_core,
     layers_norm,
     layers_recurrent,
+    layers_wrappers,
 )
 from keras_gpushare.pack.fusion.base import FusedLayer
 from keras_gpushare.pack.fusion.layers_core import FusedPerSample
@@ -24,6 +25,7 @@ __all__ = [
     "layers_core",
     "layers_norm",
     "layers_recurrent",
+    "layers_wrappers",
     "register_fused_layer",
     "VectorizedOptimizer",
 ]

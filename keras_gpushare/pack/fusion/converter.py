@@ -56,6 +56,13 @@ def member_graph(model):
     return MemberGraph(functional, nodes, layers, refs), None
 
 
+def masked_outputs(functional):
+    """Names of the outputs of `functional` that carry a Keras mask."""
+    return [
+        x.name for x in keras.tree.flatten(functional.outputs) if _masks.keras_mask(x) is not None
+    ]
+
+
 def fusion_signature(model):
     """A hashable summary that is equal for models that can fuse together, or `None`.
 
