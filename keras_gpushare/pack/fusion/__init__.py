@@ -1,6 +1,7 @@
 """The fused engine: N same-architecture models as one model with stacked weights."""
 
 from keras_gpushare.pack.fusion import (
+    layers_attention,
     layers_conv,
     layers_core,
     layers_norm,
@@ -15,6 +16,7 @@ from keras_gpushare.pack.fusion.registry import register_fused_layer
 from keras_gpushare.pack.fusion.report import FusionReport, fusion_report
 
 __all__ = [
+    "layers_attention",
     "FusedLayer",
     "FusedModel",
     "FusedPerSample",
