@@ -55,7 +55,7 @@ def forecaster(store: int) -> keras.Model:
 
 
 def main() -> None:
-    days, epochs = (120, 2) if QUICK else (1200, 60)
+    days, epochs = (120, 1) if QUICK else (1200, 60)
     series = sales(days, np.random.default_rng(7))
     split = int(0.8 * days)
     x_train, y_train = windows(series[:split])
