@@ -152,3 +152,18 @@ def test_pack_trains_like_members_alone(tmp_path):
 def test_gated_attention_is_refused():
     members = [block(seed, use_gate=True) for seed in range(2)]
     assert "`use_gate=True`" in str(fusion_report(members))
+
+
+def test_the_benchmark_transformers_fuse():
+    # benchmarks/sequence.py: 8 classifiers, Embedding, one attention block, LayerNorm, pooling.
+    def classifier(seed):
+        keras.utils.set_random_seed(seed)
+        tokens = keras.Input((32,), dtype="int32")
+        x = layers.Embedding(1000, 32)(tokens)
+        attended = layers.MultiHeadAttention(num_heads=2, key_dim=16)(x, x)
+        x = layers.LayerNormalization()(layers.Add()([x, attended]))
+        x = layers.GlobalAveragePooling1D()(x)
+        return keras.Model(tokens, layers.Dense(2, activation="softmax")(x))
+
+    pack = kg.ModelPack([classifier(seed) for seed in range(8)], fuse="auto")
+    assert pack.engine == "fused", pack.fusion_report

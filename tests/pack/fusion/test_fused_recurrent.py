@@ -199,3 +199,13 @@ def test_stateful_members_are_refused():
         return keras.Sequential([keras.Input((6, 3), batch_size=5), layers.GRU(3, stateful=True)])
 
     assert "`stateful=True`" in str(fusion_report([build(0), build(1)]))
+
+
+def test_the_benchmark_forecasters_fuse():
+    # benchmarks/sequence.py: 16 LSTM forecasters, 24 steps of 4 features, 16 units.
+    def forecaster(seed):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential([keras.Input((24, 4)), layers.LSTM(16), layers.Dense(1)])
+
+    pack = kg.ModelPack([forecaster(seed) for seed in range(16)], fuse="auto")
+    assert pack.engine == "fused", pack.fusion_report
