@@ -27,7 +27,7 @@ class _FusedRNN(FusedLayer):
     draws are not Keras's own, so only their distribution matches a member's.
 
     Subclasses set `gates` and `state_count` and implement `_bias_shape`,
-    `_projection_bias` and `_step`.
+    `_projection_bias` and `_step_function`.
     """
 
     gates = 1
