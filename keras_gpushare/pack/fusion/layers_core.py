@@ -266,9 +266,9 @@ class FusedPerSample(FusedLayer):
 
     def call(self, inputs, training=None, mask=None):
         if not self.output_stacked:
-            return self.inner(inputs, **self._mask_kwargs(mask))
+            return self.inner(inputs, **self._call_kwargs(mask, training))
         folded, folded_mask = self._folded(inputs, mask)
-        outputs = self.inner(folded, **self._mask_kwargs(folded_mask))
+        outputs = self.inner(folded, **self._call_kwargs(folded_mask, training))
         return keras.tree.map_structure(lambda y: unfold(y, self.n_members), outputs)
 
     def compute_mask(self, inputs, mask=None):
@@ -282,9 +282,13 @@ class FusedPerSample(FusedLayer):
             lambda m: None if m is None else unfold(m, self.n_members), masks
         )
 
-    def _mask_kwargs(self, mask):
-        present = any(m is not None for m in keras.tree.flatten(mask))
-        return {"mask": mask} if present and self.inner._call_has_mask_arg else {}
+    def _call_kwargs(self, mask, training):
+        kwargs = {}
+        if self.inner._call_has_training_arg:
+            kwargs["training"] = training
+        if any(m is not None for m in keras.tree.flatten(mask)) and self.inner._call_has_mask_arg:
+            kwargs["mask"] = mask
+        return kwargs
 
     def _folded(self, inputs, mask):
         """Inputs and their masks stacked, then with the member axis folded into the batch."""
@@ -299,6 +303,39 @@ class FusedPerSample(FusedLayer):
         else:
             mask = self.stacked_mask(mask, flags[0])
         return folded, keras.tree.map_structure(lambda m: None if m is None else fold(m), mask)
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedRandomPerSample(FusedPerSample):
+    """A random layer without weights run on the member axis folded into the batch.
+
+    Like `FusedPerSample`, but the input is always stacked first, so every member draws its
+    own noise or dropout mask (`SpatialDropout`, `GaussianNoise`, `GaussianDropout`,
+    `AlphaDropout`), as each member trained alone would.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member layer serialized with
+            `keras.saving.serialize_keras_object` (class and config). Defaults to none
+            (required).
+        input_stacked: Whether each input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedRandomPerSample
+
+    member = keras.saving.serialize_keras_object(keras.layers.GaussianNoise(0.1))
+    layer = FusedRandomPerSample(n_members=2, member_config=member, input_stacked=False)
+    print(layer(keras.ops.ones((3, 4)), training=True).shape)  # (2, 3, 4)
+    ```
+    """
+
+    @property
+    def output_stacked(self):
+        return True
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -375,6 +412,18 @@ _PER_SAMPLE = (
     "Minimum",
     "Concatenate",
     "Dot",
+    "Rescaling",
 )
 for _name in _PER_SAMPLE:
     register_fused_layer(getattr(keras.layers, _name))(FusedPerSample)
+
+_RANDOM_PER_SAMPLE = (
+    "SpatialDropout1D",
+    "SpatialDropout2D",
+    "SpatialDropout3D",
+    "GaussianNoise",
+    "GaussianDropout",
+    "AlphaDropout",
+)
+for _name in _RANDOM_PER_SAMPLE:
+    register_fused_layer(getattr(keras.layers, _name))(FusedRandomPerSample)

@@ -8,6 +8,7 @@ import pytest
 
 from keras_gpushare.pack.fusion.layers_attention import FusedMultiHeadAttention
 from keras_gpushare.pack.fusion.layers_conv import FusedConvTranspose
+from keras_gpushare.pack.fusion.layers_core import FusedRandomPerSample
 from keras_gpushare.pack.fusion.layers_recurrent import FusedGRU, FusedLSTM, FusedSimpleRNN
 from keras_gpushare.pack.fusion.layers_wrappers import FusedBidirectional, FusedTimeDistributed
 
@@ -19,6 +20,7 @@ CLASSES = (
     FusedTimeDistributed,
     FusedMultiHeadAttention,
     FusedConvTranspose,
+    FusedRandomPerSample,
 )
 
 
