@@ -31,7 +31,7 @@ test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
-	KERAS_BACKEND=jax $(PY) -m pytest -q tests/pack/fusion tests/pack/test_pack_fused.py
+	KERAS_BACKEND=jax $(PY) -m pytest -q tests/pack/fusion tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py
 
 bench: $(VENV)/.bench
 	$(PY) benchmarks/pack_vs_baselines.py

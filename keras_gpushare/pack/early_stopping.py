@@ -1,41 +1,36 @@
-"""`MemberEarlyStopping`: early stopping for each member of a `ModelPack` on its own."""
+"""`MemberEarlyStopping`: Keras's early stopping for each member of a `ModelPack` on its own."""
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
 import keras
-import numpy as np
 
-from keras_gpushare.pack.members import ACTIVE
-
-logger = logging.getLogger("keras_gpushare.pack")
+from keras_gpushare.pack.member_callbacks import PerMember, named_member
 
 
-def member_key(monitor: str, index: int) -> str:
-    """The log key of `monitor` for member `index`: `val_loss` -> `val_m3_loss`."""
-    if monitor.startswith("val_"):
-        return f"val_m{index}_{monitor[4:]}"
-    return f"m{index}_{monitor}"
-
-
-class MemberEarlyStopping(keras.callbacks.Callback):
+class MemberEarlyStopping(PerMember):
     """Stops each member of a `ModelPack` when its own monitored figure stops improving.
 
-    `monitor` names a figure as for one model (`"val_loss"`, `"val_accuracy"`); member `i` is
-    judged on its own log key (`val_m{i}_loss`). A stopped member keeps its weights (or its best
-    ones) and costs no gradient computation from the next step on; `fit` ends when no member is
-    left training.
+    Each member runs its own copy of `keras.callbacks.EarlyStopping`, exactly as it would
+    in a fit of its own: `monitor` names a figure as for one model (`"val_loss"`,
+    `"val_accuracy"`) and member `i` is judged on its own (`val_m{i}_loss`), with Keras's
+    rules for `patience`, `min_delta`, `baseline`, `start_from_epoch`, the direction of a
+    metric (`mode="auto"`: losses fall, `accuracy` or `r2_score` rise) and
+    `restore_best_weights`. A stopped member keeps its weights and costs no computation from
+    the next step on; `fit` ends when no member is left training.
+
+    A plain `keras.callbacks.EarlyStopping(monitor="val_loss")` passed to a pack's `fit`
+    behaves the same way; this class names the intent and exposes the per-member results.
 
     Args:
         monitor: figure to watch, as for a single model. Defaults to `"val_loss"`.
         min_delta: smallest change that counts as an improvement. Defaults to `0`.
         patience: epochs without improvement before a member stops. Defaults to `0`.
-        mode: `"min"`, `"max"` or `"auto"` (from the figure's name). Defaults to `"auto"`.
+        verbose: print a line when a member stops or its best weights are restored.
+            Defaults to `0`.
+        mode: `"min"`, `"max"` or `"auto"` (Keras's rule). Defaults to `"auto"`.
         baseline: a value a member must beat, or `None`. Defaults to `None`.
-        restore_best_weights: give each member the weights of its best epoch when it stops,
-            and at the end of training. Defaults to `False`.
+        restore_best_weights: give each member the weights of its best epoch at the end of
+            training. Defaults to `False`.
         start_from_epoch: epochs to wait before judging. Defaults to `0`.
 
     Example:
@@ -63,93 +58,44 @@ class MemberEarlyStopping(keras.callbacks.Callback):
         monitor: str = "val_loss",
         min_delta: float = 0.0,
         patience: int = 0,
+        verbose: int = 0,
         mode: str = "auto",
         baseline: float | None = None,
         restore_best_weights: bool = False,
         start_from_epoch: int = 0,
     ) -> None:
-        super().__init__()
-        if mode not in ("auto", "min", "max"):
+        if named_member(monitor) is not None:
             raise ValueError(
-                f'Invalid value for argument `mode`: got {mode!r}. Expected "auto", "min" or "max".'
+                f"Invalid value for argument `monitor`: got {monitor!r}, one member's figure. "
+                "MemberEarlyStopping judges every member on its own figure: pass the "
+                'single-model name (e.g. "val_loss"), or use keras.callbacks.EarlyStopping '
+                f'(monitor="{monitor}") to stop the whole pack on this member.'
             )
-        self.monitor = monitor
-        self.min_delta = abs(min_delta)
-        self.patience = patience
-        self.mode = mode
-        self.baseline = baseline
-        self.restore_best_weights = restore_best_weights
-        self.start_from_epoch = start_from_epoch
-
-    def _better(self, value: float, reference: float) -> bool:
-        if self._maximize:
-            return value - self.min_delta > reference
-        return value + self.min_delta < reference
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        from keras_gpushare.pack.model import ModelPack
-
-        if not isinstance(self.model, ModelPack):
-            raise TypeError(
-                "MemberEarlyStopping works on a ModelPack; for a single model use "
-                "keras.callbacks.EarlyStopping."
+        super().__init__(
+            keras.callbacks.EarlyStopping(
+                monitor=monitor,
+                min_delta=min_delta,
+                patience=patience,
+                verbose=verbose,
+                mode=mode,
+                baseline=baseline,
+                restore_best_weights=restore_best_weights,
+                start_from_epoch=start_from_epoch,
             )
-        n = len(self.model._members)
-        name = self.monitor.removeprefix("val_")
-        self._maximize = self.mode == "max" or (
-            self.mode == "auto" and any(k in name for k in ("acc", "auc", "precision", "recall"))
         )
-        self.wait = [0] * n
-        self.best = [self.baseline] * n
-        self.best_weights: list[Any] = [None] * n
-        self.stopped_epoch: list[int | None] = [None] * n
-        self._warned = False
+        self.monitor = monitor
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        logs = logs or {}
-        pack = self.model
-        for i, state in enumerate(pack.status):
-            if state != "active" or epoch < self.start_from_epoch:
-                continue
-            key = member_key(self.monitor, i)
-            value = logs.get(key)
-            if value is None:
-                self._warn_missing(key, logs)
-                continue
-            value = float(value)
-            if np.isfinite(value) and (self.best[i] is None or self._better(value, self.best[i])):
-                self.best[i] = value
-                self.wait[i] = 0
-                if self.restore_best_weights:
-                    self.best_weights[i] = pack._get_member_weights(i)
-                continue
-            self.wait[i] += 1
-            if self.wait[i] >= self.patience and epoch > 0:
-                self._stop(i, epoch)
-        if not any(s == "active" for s in pack.status):
-            pack.stop_training = True
+    @property
+    def stopped_epoch(self) -> list[int | None]:
+        """For each member, the epoch (0-based) in which it stopped, or `None`."""
+        return [c.stopped_epoch if c.stopped_epoch > 0 else None for c in self.copies]
 
-    def _stop(self, index: int, epoch: int) -> None:
-        self.stopped_epoch[index] = epoch
-        self.model.stop_member(index)
-        if self.restore_best_weights and self.best_weights[index] is not None:
-            self.model._set_member_weights(index, self.best_weights[index])
-        logger.info("Member %d stopped early at epoch %d.", index, epoch + 1)
+    @property
+    def best(self) -> list[float | None]:
+        """For each member, the best value of the monitored figure seen."""
+        return [None if c.best is None else float(c.best) for c in self.copies]
 
-    def on_train_end(self, logs: dict | None = None) -> None:
-        if not self.restore_best_weights:
-            return
-        codes = keras.ops.convert_to_numpy(self.model._status.value)
-        for i, weights in enumerate(self.best_weights):
-            if weights is not None and codes[i] == ACTIVE:
-                self.model._set_member_weights(i, weights)
-
-    def _warn_missing(self, key: str, logs: dict) -> None:
-        if not self._warned:
-            logger.warning(
-                "MemberEarlyStopping: %r is not in the logs (available: %s); members are not "
-                "stopped on it.",
-                key,
-                ", ".join(sorted(logs)),
-            )
-            self._warned = True
+    @property
+    def best_epoch(self) -> list[int]:
+        """For each member, the epoch (0-based) of its best value."""
+        return [c.best_epoch for c in self.copies]

@@ -74,8 +74,14 @@ def member_optimizers(optimizer: Any, n: int) -> list[keras.optimizers.Optimizer
             f"Invalid value for argument `optimizer`: got {len(optimizer)} optimizers for {n} "
             f"members. Pass one optimizer for all members or a list of {n}."
         )
+    check_distinct_optimizers(optimizer)
+    return [_get_optimizer(value, f"member {i}") for i, value in enumerate(optimizer)]
+
+
+def check_distinct_optimizers(optimizers: Sequence[Any]) -> None:
+    """Raises when two members would share one optimizer instance (and so its state)."""
     seen: dict[int, int] = {}
-    for i, value in enumerate(optimizer):
+    for i, value in enumerate(optimizers):
         if id(value) in seen and isinstance(value, keras.optimizers.Optimizer):
             raise ValueError(
                 f"Invalid value for argument `optimizer`: member {i} and member "
@@ -84,7 +90,6 @@ def member_optimizers(optimizer: Any, n: int) -> list[keras.optimizers.Optimizer
                 "optimizer for all members and the pack copies it per member."
             )
         seen[id(value)] = i
-    return [_get_optimizer(value, f"member {i}") for i, value in enumerate(optimizer)]
 
 
 def _get_optimizer(value: Any, who: str) -> keras.optimizers.Optimizer:
@@ -142,14 +147,20 @@ def _copy_metric_spec(spec: Any) -> Any:
 def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> list:
     """Returns per-member loss specs.
 
-    A list of `n` is per member; a list whose length is every member's number of outputs is
-    one per-output list shared by all members; any other value is shared as it is.
+    A list with one loss per output of every member (`["mse", "sparse_categorical_crossentropy"]`
+    for members with two outputs) is shared by all members, as `keras.Model.compile` reads
+    it; otherwise a list of `n` is per member (an entry may itself be a list or dict of
+    per-output losses); any other value is shared as it is.
     """
     if not isinstance(loss, (list, tuple)):
         return [loss] * n
+    per_output = all(count == len(loss) for count in output_counts)
+    flat = not any(isinstance(item, (list, tuple, dict)) for item in loss)
+    if per_output and flat and any(count is not None for count in output_counts):
+        return [loss] * n
     if len(loss) == n and n > 1:
         return list(loss)
-    if all(count == len(loss) for count in output_counts):
+    if per_output:
         return [loss] * n
     raise ValueError(
         f"Invalid value for argument `loss`: got a list of {len(loss)} losses for {n} members "

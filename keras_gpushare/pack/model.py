@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
 import numpy as np
-from keras import tree
+from keras import ops, tree
+from keras.src.losses.loss import scale_loss_for_distribution
 
-from keras_gpushare.pack import chief, replicas
+from keras_gpushare.pack import _batch_calls, _compile_args, chief, replicas
 from keras_gpushare.pack import data as data_lib
-from keras_gpushare.pack import fused as fused_lib
 from keras_gpushare.pack import members as members_lib
-from keras_gpushare.pack.fusion import VectorizedOptimizer, build_fused_model, fusion_report
-from keras_gpushare.pack.members import STATUS_NAMES, STOPPED_EARLY
+from keras_gpushare.pack.engines.base import Engine, EngineOptions
+from keras_gpushare.pack.engines.fused import FusedEngine
+from keras_gpushare.pack.fusion import VectorizedOptimizer, fusion_report
+from keras_gpushare.pack.fusion._member_settings import member_settings
+from keras_gpushare.pack.logs import pack_logs
+from keras_gpushare.pack.member_callbacks import per_member_callbacks
+from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
+from keras_gpushare.pack.planner import plan_engines
 from keras_gpushare.pack.watcher import StatusWatcher
 
 logger = logging.getLogger(__name__)
@@ -99,20 +107,25 @@ class ModelPack(keras.Model):
                 f'Invalid value for argument `on_nan`: got {on_nan!r}. Expected "freeze" or '
                 '"ignore".'
             )
-        engine, report = _choose_engine(members, fuse, data)
+        groups = kwargs.pop("groups", None)
+        plan = plan_engines(members, fuse, data, groups=groups)
         super().__init__(name=name, **kwargs)
-        self._members = _MemberList(members)
+        self._members = _Items(members)
         self._data_mode = data
         self._fuse = fuse
         self._on_nan = on_nan
-        self._engine = engine
-        self._fusion_report = report
-        if engine == "fused":
-            self._fused = build_fused_model(members)
-            self._loss_state = fused_lib.StackedMean(len(members), name="member_loss")
-            self._metric_states: dict[str, fused_lib.StackedMean] = {}
-        else:
-            self._tracked_members = members
+        self._fusion_report = plan
+        self._options = EngineOptions(
+            tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
+        )
+        engines: list[Engine] = [
+            FusedEngine([members[i] for i in group], group, self._options) for group in plan.groups
+        ]
+        if plan.graph:
+            engines.append(
+                _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
+            )
+        self._set_engines(engines)
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -124,10 +137,17 @@ class ModelPack(keras.Model):
             aggregation="only_first_replica",
         )
         self._member_compile_args: dict[str, Any] | None = None
-        self._shared_loss = None
+        self._loss_scale = None
         if all(m.built for m in members):
             self.built = True
-        logger.info("ModelPack %s: %d members on the %s engine.", self.name, len(members), engine)
+        logger.info("ModelPack %s: %s", self.name, plan)
+
+    def _set_engines(self, engines: list[Engine]) -> None:
+        """Holds `engines` and tracks their Keras objects (weights, saving) as the pack's."""
+        for layer in getattr(self, "_engine_layers", ()):
+            self._layers.remove(layer)
+        self._engines = _Items(engines)
+        self._engine_layers = [obj for engine in engines for obj in engine.keras_objects()]
 
     @classmethod
     def from_builder(cls, build_fn: Callable[..., keras.Model], n: int, **kwargs: Any) -> ModelPack:
@@ -161,17 +181,19 @@ class ModelPack(keras.Model):
     def members(self) -> list[keras.Model]:
         """The member models, holding the pack's current weights.
 
-        On the graph engine they are the models the pack trains; on the fused engine they
-        are refreshed from the stacked weights (and optimizer state) each time this is read.
+        Members the graph engine trains are the models themselves; fused members are
+        refreshed from the stacked weights (and optimizer state) each time this is read.
         """
-        if self._engine == "fused":
-            fused_lib.sync_members(self)
+        optimizer = getattr(self, "optimizer", None)
+        for engine in self._engines:
+            engine.sync_members(optimizer)
         return list(self._members)
 
     @property
     def engine(self) -> str:
-        """The engine that trains this pack: `"fused"` or `"graph"`."""
-        return self._engine
+        """The engine that trains this pack: `"fused"`, `"graph"` or `"mixed"`."""
+        kinds = {engine.kind for engine in self._engines}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
 
     @property
     def fusion_report(self) -> str:
@@ -188,12 +210,15 @@ class ModelPack(keras.Model):
         """Stops training member `index` (its weights stay as they are now)."""
         self._set_member_status(index, STOPPED_EARLY)
 
-    def _set_member_status(self, index: int, code: int) -> None:
+    def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self._members):
             raise ValueError(
                 f"Invalid member index {index}: this pack has {len(self._members)} members "
                 f"(0 to {len(self._members) - 1})."
             )
+
+    def _set_member_status(self, index: int, code: int) -> None:
+        self._check_index(index)
         codes = keras.ops.convert_to_numpy(self._status.value).copy()
         codes[index] = code
         self._status.assign(codes)
@@ -203,10 +228,7 @@ class ModelPack(keras.Model):
 
         The copy shares nothing with the pack and can be saved with `.save("m.keras")`.
         """
-        if not 0 <= index < len(self._members):
-            raise ValueError(
-                f"Invalid member index {index}: this pack has {len(self._members)} members."
-            )
+        self._check_index(index)
         source = self.members[index]
         copy = keras.models.clone_model(source)
         copy.set_weights(source.get_weights())
@@ -219,27 +241,64 @@ class ModelPack(keras.Model):
                     dst.assign(src)
         return copy
 
+    def _locate(self, index: int) -> tuple[Engine, int]:
+        """The engine training member `index`, and the member's position in it."""
+        for engine in self._engines:
+            if index in engine.member_ids:
+                return engine, engine.member_ids.index(index)
+        raise ValueError(f"Invalid member index {index}.")
+
+    def _get_member_weights(self, index: int) -> list[np.ndarray]:
+        engine, j = self._locate(index)
+        return engine.get_member_weights(j)
+
+    def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
+        engine, j = self._locate(index)
+        engine.set_member_weights(j, weights)
+
     def build(self, input_shape: Any = None) -> None:
         self.built = True
 
-    def call(self, inputs: Any, training: bool | None = None) -> list:
-        if self._engine == "fused":
-            outputs = self._fused(inputs, training=training)
-            if training and self._shared_loss is not None:
-                # One output, one loss: the training step reads the stacked output directly
-                # (see fused.py); anything else gets the members' outputs as a list.
-                return tree.flatten(outputs)[0]
-            return fused_lib.split_outputs(outputs, len(self._members))
-        return [
-            member(data_lib.member_inputs(inputs, member), training=training)
-            for member in self._members
-        ]
+    def call(self, inputs: Any, training: bool | None = None) -> Any:
+        """The members' outputs: a list of N (member order), or raw per-engine ones in training.
+
+        In training the outputs go to `compute_loss` as each engine produced them (a fused
+        group's stacked output, say), one entry per engine the pack's optimizer updates.
+        """
+        if training:
+            active = ops.equal(ops.convert_to_tensor(self._status), ACTIVE)
+            return tuple(
+                engine.call(inputs, training=True, active=ops.take(active, engine.member_ids))
+                for engine in self._gradient_engines
+            )
+        outputs: list = [None] * len(self._members)
+        for engine in self._engines:
+            raw = engine.call(inputs, training=training)
+            for i, output in zip(engine.member_ids, engine.member_outputs(raw)):
+                outputs[i] = output
+        return outputs
+
+    @property
+    def _gradient_engines(self) -> list[Engine]:
+        """The engines whose members the pack's optimizer updates from the summed loss."""
+        return [engine for engine in self._engines if not engine.updates_itself]
+
+    @property
+    def _stepping_engines(self) -> list[Engine]:
+        """The engines that update their members themselves in the pack's step."""
+        return [engine for engine in self._engines if engine.updates_itself]
+
+    def _engine_outputs(self, y_pred: Any) -> list:
+        """Each gradient engine's share of `y_pred` (raw in training, or the member list)."""
+        if isinstance(y_pred, tuple):
+            return list(y_pred)
+        return [[y_pred[i] for i in engine.member_ids] for engine in self._gradient_engines]
 
     # Compile -----------------------------------------------------------------------------
 
     def compile(
         self,
-        optimizer: Any = "rmsprop",
+        optimizer: Any = None,
         loss: Any = None,
         loss_weights: Any = None,
         metrics: Any = None,
@@ -253,58 +312,65 @@ class ModelPack(keras.Model):
 
         `optimizer`, `loss`, `metrics` and `weighted_metrics` take one value for all members
         or a list with one value per member. One optimizer is copied per member (each keeps
-        its own state); a list must hold a distinct optimizer for each member.
+        its own state); a list must hold a distinct optimizer for each member. An argument
+        left at `None` keeps what each member was compiled with before it joined the pack
+        (`pack.compile()` alone compiles every member as it was).
 
         Args:
             optimizer: optimizer name or instance, or a list of one per member. Defaults to
-                `"rmsprop"`.
-            loss: loss for all members, or a list of one per member. Required.
+                `None`: each member's own optimizer (state included), or `"rmsprop"` for a
+                member that was not compiled.
+            loss: loss for all members, or a list of one per member. Defaults to `None`:
+                each member's own loss (every member must then have been compiled).
             loss_weights: as in `keras.Model.compile`, for every member. Defaults to `None`.
             metrics: metrics for all members (`["mae"]`) or one list per member
                 (`[["mae"], ["mse"]]`). Defaults to `None`.
             weighted_metrics: as `metrics`, weighted by sample weights. Defaults to `None`.
             run_eagerly: run steps eagerly (debugging). Defaults to `False`.
-            steps_per_execution: batches per compiled call; `"auto"` picks 64 on the fused
+            steps_per_execution: batches per compiled call. `"auto"` picks 64 on the fused
                 engine and 16 on the graph engine (measured best for small members on
-                CPU), which hides Keras's per-call overhead; under a `tf.distribute`
+                CPU), which hides Keras's per-call overhead, except in a `fit`, `evaluate` or
+                `predict` given a callback that acts on every batch (batch hooks, an integer
+                `save_freq` or `update_freq`): those run one batch per call, as Keras's
+                default does, so the callback sees every batch. Under a `tf.distribute`
                 strategy it must be 1 (`"auto"` picks 1). Defaults to `"auto"`.
             jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
                 layers support XLA (also on CPU, where plain Keras leaves it off) and no
                 `tf.distribute` strategy is in use, and leaves the graph engine to Keras's
                 rule (XLA with a GPU only: on CPU, compiling N members costs more than it
                 saves). Defaults to `"auto"`.
-            auto_scale_loss: as in `keras.Model.compile`. Defaults to `True`.
+            auto_scale_loss: as in `keras.Model.compile` (mixed precision): each member
+                scales its own loss dynamically. Defaults to `True`.
         """
-        n = len(self._members)
-        if loss is None:
-            raise ValueError(
-                "Invalid value for argument `loss`: got None. A ModelPack trains its members "
-                'with compiled losses: pass one loss for all members (e.g. `loss="mse"`) or a '
-                f"list of {n}."
-            )
-        optimizers = members_lib.member_optimizers(optimizer, n)
-        losses = members_lib.member_losses(
-            loss, n, [data_lib.output_count(m) for m in self._members]
+        args = _compile_args.member_args(
+            self._members,
+            optimizer,
+            loss,
+            loss_weights,
+            metrics,
+            weighted_metrics,
+            run_eagerly,
+            auto_scale_loss,
         )
-        for i, member_loss in enumerate(losses):
-            if member_loss is None:
-                raise ValueError(f"Invalid loss for member {i}: got None. Pass a loss.")
-        metric_specs = members_lib.member_metrics(metrics, n)
-        weighted_specs = members_lib.member_metrics(weighted_metrics, n)
-        for i, member in enumerate(self._members):
-            member.compile(
-                optimizer=optimizers[i],
-                loss=losses[i],
-                loss_weights=loss_weights,
-                metrics=metric_specs[i],
-                weighted_metrics=weighted_specs[i],
-                run_eagerly=run_eagerly,
-                jit_compile=False,
-                auto_scale_loss=auto_scale_loss,
-            )
+        self._compile_members(args, run_eagerly, steps_per_execution, jit_compile)
+
+    def _compile_members(
+        self,
+        member_args: list[dict],
+        run_eagerly: bool,
+        steps_per_execution: int | str,
+        jit_compile: bool | str,
+    ) -> None:
+        """Compiles each member with its arguments, then the pack around them."""
+        for member, args in zip(self._members, member_args):
+            member.compile(**args)
+        pack_optimizer = self._pack_optimizer([m.optimizer for m in self._members])
+        for engine in self._engines:
+            engine.configure([member_args[i] for i in engine.member_ids])
         distributed = self._distributed()
-        if steps_per_execution == "auto":
-            steps_per_execution = 1 if distributed else _DEFAULT_STEPS_PER_EXECUTION[self._engine]
+        self._auto_steps = steps_per_execution == "auto"
+        if self._auto_steps:
+            resolved_steps = 1 if distributed else _default_steps_per_execution(self.engine)
         elif distributed and steps_per_execution != 1:
             raise ValueError(
                 f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
@@ -312,63 +378,99 @@ class ModelPack(keras.Model):
                 "MirroredStrategy (keras-team/keras#19246), so a pack under a strategy runs one "
                 'step per call: pass steps_per_execution=1 or "auto".'
             )
-        pack_optimizer = None
-        if self._engine == "fused":
-            pack_optimizer = self._vectorized_optimizer(optimizers)
-        if pack_optimizer is None:
-            pack_optimizer = MemberOptimizers(optimizers)
-        elif jit_compile == "auto":
-            jit_compile = not run_eagerly and not distributed and self._members_support_jit()
+        else:
+            resolved_steps = steps_per_execution
+        resolved_jit = jit_compile
+        if jit_compile == "auto" and not self._stepping_engines:
+            resolved_jit = not run_eagerly and not distributed and self._members_support_jit()
         super().compile(
             optimizer=pack_optimizer,
             loss=None,
             run_eagerly=run_eagerly,
-            steps_per_execution=steps_per_execution,
-            jit_compile=jit_compile,
-            auto_scale_loss=auto_scale_loss,
+            steps_per_execution=resolved_steps,
+            jit_compile=resolved_jit,
+            # Each member scales its own loss (see VectorizedOptimizer.attach_loss_scale).
+            auto_scale_loss=False,
         )
+        self._attach_loss_scale()
         self._member_compile_args = {
-            "optimizer": optimizers,
-            "loss": losses,
-            "loss_weights": loss_weights,
-            "metrics": metric_specs,
-            "weighted_metrics": weighted_specs,
+            "members": member_args,
             "run_eagerly": run_eagerly,
             "steps_per_execution": steps_per_execution,
             "jit_compile": jit_compile,
-            "auto_scale_loss": auto_scale_loss,
         }
-        self._shared_loss = fused_lib.shared_loss(self) if self._engine == "fused" else None
         if self.built and all(m.built for m in self._members):
             self._build_member_state()
 
-    def _vectorized_optimizer(self, optimizers: list) -> VectorizedOptimizer | None:
-        """The fused engine's optimizer, or None after falling back to the graph engine."""
-        try:
-            return VectorizedOptimizer(optimizers)
-        except ValueError as e:
-            if self._fuse is True:
+    def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
+        """The optimizer Keras sees: vectorized over fused groups, or the members' own.
+
+        A fused member whose optimizer has no vectorized form moves to the graph engine
+        (on TensorFlow with `fuse="auto"`; elsewhere it is an error naming it).
+        """
+        unsupported = {}
+        for engine in self._gradient_engines:
+            for i in engine.member_ids:
+                try:
+                    member_settings(i, optimizers[i])
+                except ValueError as e:
+                    unsupported[i] = str(e)
+        if unsupported:
+            reason = next(iter(unsupported.values()))
+            if self._fuse is True or keras.backend.backend() != "tensorflow":
                 raise ValueError(
-                    f"Invalid value for argument `optimizer` with fuse=True: {e} Or build the "
-                    'pack with fuse="auto" to train such members on the graph engine.'
-                ) from None
+                    f"Invalid value for argument `optimizer`: {reason} The fused engine cannot "
+                    "train it; the graph engine can, on the TensorFlow backend with "
+                    'fuse="auto" or fuse=False.'
+                )
             if self.compiled:
                 raise ValueError(
-                    f"Invalid value for argument `optimizer`: {e} This pack was compiled on the "
-                    "fused engine before; build a new pack to train these optimizers."
-                ) from None
-            self._fall_back_to_graph(f"not fused: the optimizers cannot be vectorized: {e}")
-            return None
+                    f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
+                    "with these members fused before; build a new pack to train them."
+                )
+            self._move_to_graph(unsupported)
+        engines = self._gradient_engines
+        if not engines:
+            return MemberOptimizers(optimizers)
+        optimizer = VectorizedOptimizer(
+            optimizers, groups=[engine.member_ids for engine in engines]
+        )
+        optimizer.set_variable_groups(
+            [
+                (variable, g)
+                for g, engine in enumerate(engines)
+                for layer in engine.keras_objects()
+                for variable in layer.trainable_variables
+            ]
+        )
+        return optimizer
 
-    def _fall_back_to_graph(self, reason: str) -> None:
-        """Moves a pack whose members were fused at construction onto the graph engine."""
-        fused_lib.sync_members(self)
-        self._layers.remove(self._fused)
-        object.__delattr__(self, "_fused")
-        self._tracked_members = list(self._members)
-        self._engine = "graph"
-        self._fusion_report = reason
-        logger.info("ModelPack %s: %s", self.name, reason)
+    def _move_to_graph(self, reasons: dict[int, str]) -> None:
+        """Moves fused members whose optimizers cannot be vectorized to the graph engine."""
+        for engine in self._engines:
+            engine.sync_members()
+        plan = self._fusion_report
+        members = list(self._members)
+        groups = [tuple(i for i in g if i not in reasons) for g in plan.groups]
+        groups = [g for g in groups if g]
+        graph = tuple(sorted({*plan.graph, *reasons}))
+        plan.groups = groups
+        plan.reports = [fusion_report([members[i] for i in g]) for g in groups]
+        plan.graph = graph
+        plan.reasons.update(
+            {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()}
+        )
+        engines: list[Engine] = [
+            FusedEngine([members[i] for i in g], g, self._options) for g in groups
+        ]
+        engines.append(_graph_engine_class()([members[i] for i in graph], graph, self._options))
+        self._set_engines(engines)
+        message = (
+            f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
+            f"not fused: {next(iter(reasons.values()))}"
+        )
+        logger.warning(message)
+        warnings.warn(message, stacklevel=3)
 
     def _distributed(self) -> bool:
         """Whether this pack trains under a `tf.distribute` strategy."""
@@ -385,16 +487,17 @@ class ModelPack(keras.Model):
         backend is no faster than TensorFlow's own kernels and its compile time is lost
         (measured on a 16-member small CNN: same steady throughput, 1.5x slower end to end).
         """
-        from keras.src.trainers.trainer import model_supports_jit
-
-        if keras.backend.backend() == "torch" or not model_supports_jit(self._fused):
+        if keras.backend.backend() == "torch":
+            return False
+        if not all(engine.supports_jit() for engine in self._gradient_engines):
             return False
         if keras.backend.backend() == "tensorflow" and not _has_gpu():
             spatial = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
             pooling = ("Pooling1D", "Pooling2D")
-            for layer in self._members[0].layers:
-                if isinstance(layer, spatial) or type(layer).__name__.endswith(pooling):
-                    return False
+            for member in self._members:
+                for layer in member.layers:
+                    if isinstance(layer, spatial) or type(layer).__name__.endswith(pooling):
+                        return False
         return True
 
     def get_compile_config(self) -> dict:
@@ -404,25 +507,52 @@ class ModelPack(keras.Model):
 
     def compile_from_config(self, config: dict) -> None:
         config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
+        if "members" not in config:
+            # Written by keras-gpushare 0.1 (one list per argument).
+            self.compile(**config)
+            return
+        self._compile_members(
+            config["members"],
+            config["run_eagerly"],
+            config["steps_per_execution"],
+            config["jit_compile"],
+        )
 
     def _build_member_state(self) -> None:
-        """Creates every member's optimizer variables (needed before loading saved state)."""
+        """Creates every member's optimizer variables and the pack optimizer's.
+
+        A member's optimizer that already holds state (the member trained before it joined
+        the pack) hands that state to the pack's optimizer, so training continues from it.
+        """
         for member in self._members:
             if not member.optimizer.built:
                 member.optimizer.build(member.trainable_variables)
         if not self.optimizer.built:
-            self.optimizer.build(self.trainable_variables if self._engine == "fused" else [])
+            self.optimizer.build(self._gradient_variables())
+            for engine in self._gradient_engines:
+                engine.read_optimizer_state(self.optimizer)
+
+    def _gradient_variables(self) -> list:
+        """The trainable variables the pack's optimizer updates, in Keras's order.
+
+        The fused groups' stacked weights and the members' loss scales: Keras hands the
+        pack's optimizer `trainable_variables` in this order on every backend.
+        """
+        ids = {
+            id(variable)
+            for engine in self._gradient_engines
+            for layer in engine.keras_objects()
+            for variable in layer.trainable_variables
+        }
+        if self._loss_scale is not None:
+            ids.add(id(self._loss_scale))
+        return [v for v in self.trainable_variables if id(v) in ids]
 
     @property
     def metrics(self) -> list:
-        if self._engine == "fused":
-            result = [self._loss_state, *self._metric_states.values()]
-            result += [m._compile_metrics for m in self._members if m._compile_metrics is not None]
-            return result
         result = []
-        for member in self._members:
-            result.extend(member.metrics)
+        for engine in self._engines:
+            result.extend(engine.metrics)
         return result
 
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
@@ -451,47 +581,92 @@ class ModelPack(keras.Model):
                     data_batch = next(data_or_iterator)
                 break
         if data_batch is not None:
-            for member, batch in zip(
-                self._members, data_lib.member_batches(self, data_batch, training=False)
-            ):
+            n = len(self._members)
+            batches = data_lib.member_batches(
+                data_batch, self._members, range(n), self._options.output_counts, shard=False
+            )
+            for member, batch in zip(self._members, batches):
                 member._symbolic_build(data_batch=batch)
-            if self._engine == "fused" and self.compiled:
-                fused_lib.build_metric_states(
-                    self, keras.utils.unpack_x_y_sample_weight(data_batch)[1]
-                )
+            if self.compiled:
+                y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
+                for engine in self._gradient_engines:
+                    engine.build_metric_states(y)
         self.built = True
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
     def _check_labels(self, x: Any, y: Any) -> None:
         """Raises, naming the member, when the labels cannot match the members' outputs."""
+        self._options.output_counts = tuple(data_lib.output_count(m) for m in self._members)
         if y is None and hasattr(x, "element_spec"):
             spec = x.element_spec
             y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
-        n = len(self._members)
-        per_member = data_lib.labels_per_member(y, n)
+        per_member = data_lib.labels_per_member(y, self._options.output_counts)
         for i, member in enumerate(self._members):
             data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
+        data_lib.check_label_ranges(y, self._members)
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`."""
-        self._check_labels(x, y)
-        return super().evaluate(x, y, *args, **kwargs)
+        """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`.
+
+        Without `return_dict=True` the result is a list in the order of `metrics_names`:
+        `loss` (the members' mean), then each member's figures (`m0_loss`, `m0_mae`, ...).
+        """
+        if not kwargs.get("_use_cached_eval_dataset"):
+            # Not the validation inside `fit`, whose labels `fit` checked.
+            self._check_labels(x, y)
+        return_dict = kwargs.pop("return_dict", False)
+        with self._steps_for(kwargs.get("callbacks")):
+            logs = super().evaluate(x, y, *args, return_dict=True, **kwargs)
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    @property
+    def metrics_names(self) -> list[str]:
+        """The names of the pack's figures, in the order `evaluate` returns them."""
+        return list(self._logs())
+
+    @contextlib.contextmanager
+    def _steps_for(self, callbacks: Any) -> Iterator[None]:
+        """One batch per compiled call while a callback acts on every batch.
+
+        With `steps_per_execution="auto"` (many batches per call) Keras would call such a
+        callback once per call instead of once per batch, unlike a plain `fit`.
+        """
+        if isinstance(callbacks, keras.callbacks.CallbackList) or not (
+            getattr(self, "_auto_steps", False)
+            and self.steps_per_execution != 1
+            and _batch_calls.any_act_on_batches(callbacks or [])
+        ):
+            yield
+            return
+        steps = self.steps_per_execution
+        self._reset_step_functions(1)
+        try:
+            yield
+        finally:
+            self._reset_step_functions(steps)
+
+    def _reset_step_functions(self, steps: int) -> None:
+        self.steps_per_execution = steps
+        self.train_function = self.test_function = self.predict_function = None
 
     # Steps -------------------------------------------------------------------------------
 
     def train_step(self, *args: Any) -> Any:
-        if self._engine == "fused":
-            return replicas.multi_worker_logs(super().train_step(*args))
-        from keras_gpushare.pack import graph
+        if self._stepping_engines:
+            from keras_gpushare.pack import _tf_steps
 
-        return replicas.multi_worker_logs(graph.train_step(self, *args))
+            return replicas.multi_worker_logs(_tf_steps.train_step(self, *args))
+        return replicas.multi_worker_logs(super().train_step(*args))
 
     def test_step(self, *args: Any) -> Any:
-        if self._engine == "fused":
-            return replicas.multi_worker_logs(super().test_step(*args))
-        from keras_gpushare.pack import graph
+        if self._stepping_engines:
+            from keras_gpushare.pack import _tf_steps
 
-        return replicas.multi_worker_logs(graph.test_step(self, *args))
+            return replicas.multi_worker_logs(_tf_steps.test_step(self, *args))
+        return replicas.multi_worker_logs(super().test_step(*args))
 
     def compute_loss(
         self,
@@ -501,28 +676,111 @@ class ModelPack(keras.Model):
         sample_weight: Any = None,
         training: bool = True,
     ) -> Any:
-        """The fused engine's loss: the sum of the active members' own compiled losses."""
-        return fused_lib.compute_loss(self, x, y, y_pred, sample_weight, training)
+        """The sum of the active members' own compiled losses (plus regularization).
+
+        Members the pack's optimizer updates contribute; a member whose loss is not finite
+        is frozen (`on_nan="freeze"`). Like Keras's own losses, the total is divided by the
+        number of replicas under a `tf.distribute` strategy.
+        """
+        status = ops.convert_to_tensor(self._status)
+        new_status = status
+        scales = self._loss_scales() if training else None
+        total = ops.convert_to_tensor(0.0)
+        engines = self._gradient_engines
+        for engine, raw in zip(engines, self._engine_outputs(y_pred)):
+            current = ops.take(status, engine.member_ids)
+            losses, freeze = engine.loss(x, y, raw, sample_weight, current, training)
+            if scales is not None:
+                losses = losses * ops.take(scales, engine.member_ids)
+            total = total + ops.sum(losses)
+            if training:
+                new_status = ops.scatter_update(
+                    new_status,
+                    [[i] for i in engine.member_ids],
+                    ops.where(freeze, FROZEN_NAN, current),
+                )
+        if training and engines:
+            self._status.assign(new_status)
+        regularization = [
+            loss for engine in engines for layer in engine.keras_objects() for loss in layer.losses
+        ]
+        if regularization:
+            total = total + ops.cast(ops.sum(ops.stack(regularization)), "float32")
+        return scale_loss_for_distribution(total)
+
+    def _loss_scales(self) -> Any:
+        """Each member's loss scale in training (fixed factor times dynamic scale), or None.
+
+        The gradient of the scaled loss with respect to the dynamic scale is the member's
+        loss: the vectorized optimizer reads from it which members trained this step.
+        """
+        optimizer = self.optimizer
+        if not isinstance(optimizer, VectorizedOptimizer):
+            return None
+        factors = optimizer.loss_scale_factors()
+        if self._loss_scale is None:
+            return None if np.all(factors == 1.0) else ops.convert_to_tensor(factors)
+        return ops.convert_to_tensor(factors) * ops.convert_to_tensor(self._loss_scale)
+
+    def _attach_loss_scale(self) -> None:
+        """Gives the members' dynamic loss scales (mixed precision) a variable, when needed."""
+        optimizer = self.optimizer
+        if not isinstance(optimizer, VectorizedOptimizer) or not optimizer.uses_dynamic_loss_scale:
+            return
+        if self._loss_scale is None:
+            self._loss_scale = self.add_weight(
+                name="member_loss_scale",
+                shape=(len(self._members),),
+                initializer=keras.initializers.Constant(optimizer.initial_loss_scales()),
+                trainable=True,
+            )
+        optimizer.attach_loss_scale(self._loss_scale)
+
+    def _learning_rate_handle(self, index: int) -> Any:
+        """What sets member `index`'s learning rate (`MemberView.optimizer`)."""
+        engine, j = self._locate(index)
+        return engine.learning_rate_handle(j, self.optimizer)
 
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> dict:
-        """The fused engine's metrics: every member's own, logged as `m{i}_<name>`."""
-        return fused_lib.compute_metrics(self, x, y, y_pred, sample_weight)
+        """Updates every member's metrics and returns the pack's logs (`m{i}_<name>`)."""
+        for engine, raw in zip(self._gradient_engines, self._engine_outputs(y_pred)):
+            engine.update_metrics(y, raw, sample_weight)
+        return self._logs()
+
+    def _logs(self) -> dict:
+        figures: list = [None] * len(self._members)
+        for engine in self._engines:
+            for i, member_figures in zip(engine.member_ids, engine.figures()):
+                figures[i] = member_figures
+        return pack_logs(figures)
 
     # Fit / predict -----------------------------------------------------------------------
 
     def fit(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Trains every member; same arguments and return value as `keras.Model.fit`."""
+        """Trains every member; same arguments and return value as `keras.Model.fit`.
+
+        Keras callbacks written for one model act on each member as in a fit of its own:
+        `EarlyStopping` and `ReduceLROnPlateau` watching a figure every member has
+        (`"val_loss"`) and `LearningRateScheduler` run once per member (see
+        `MemberEarlyStopping`); a monitor naming one member's figure (`"val_m2_loss"`)
+        acts on the whole pack.
+        """
         if not self.compiled:
             raise RuntimeError(
                 "You must call `compile()` on the ModelPack before `fit()`: "
                 'pack.compile(optimizer="adam", loss="mse").'
             )
         self._check_labels(x, y)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (list, tuple)) and len(validation) >= 2:
+            self._check_labels(validation[0], validation[1])
         if self._data_mode == "shard":
             self._check_shardable(x)
-        callbacks = chief.chief_callbacks(self, list(kwargs.pop("callbacks", None) or []))
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
-        history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+        with self._steps_for(callbacks):
+            history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
         if all(m.built for m in self._members):
             self.built = True
         return history
@@ -551,7 +809,8 @@ class ModelPack(keras.Model):
         Returns:
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
-        outputs = super().predict(x, *args, **kwargs)
+        with self._steps_for(kwargs.get("callbacks")):
+            outputs = super().predict(x, *args, **kwargs)
         if not stack:
             return outputs
         shapes = {tuple(np.shape(o)) for o in outputs}
@@ -590,29 +849,21 @@ class ModelPack(keras.Model):
             "data": self._data_mode,
             "fuse": self._fuse,
             "on_nan": self._on_nan,
-            "engine": self._engine,
+            "engine": self.engine,
+            "groups": [list(engine.member_ids) for engine in self._gradient_engines],
         }
 
     @classmethod
     def from_config(cls, config: dict) -> ModelPack:
         config = dict(config)
         config["members"] = [keras.saving.deserialize_keras_object(m) for m in config["members"]]
-        if config.pop("engine", None) == "graph":
-            # Saved members are built when loaded even if they were not when the pack was
-            # made; the saved state has the graph engine's layout, so keep that engine.
-            config["fuse"] = False
+        engine = config.pop("engine", None)
+        if "groups" not in config:
+            # Written by keras-gpushare 0.1: one engine for all members.
+            n = len(config["members"])
+            config["groups"] = [list(range(n))] if engine == "fused" else []
+        # The saved weights have the saved plan's layout: rebuild exactly that plan.
         return cls(**config)
-
-    def _get_member_weights(self, index: int) -> list[np.ndarray]:
-        if self._engine == "fused":
-            return fused_lib.member_weights(self, index)
-        return self._members[index].get_weights()
-
-    def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
-        if self._engine == "fused":
-            fused_lib.set_member_weights(self, index, weights)
-        else:
-            self._members[index].set_weights(weights)
 
 
 def _has_gpu() -> bool:
@@ -621,17 +872,17 @@ def _has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-class _MemberList:
-    """The members, held where Keras does not track them as the pack's own layers.
+class _Items:
+    """A fixed sequence of objects Keras must not track as the pack's own (members, engines).
 
-    On the graph engine the pack also keeps them in a tracked list (their variables are the
-    pack's); on the fused engine the stacked copies are, and the members are views.
+    Members of a fused group are views of the stacked weights, not the pack's layers; the
+    engines are plain objects whose Keras parts the pack tracks itself (`_engine_layers`).
     """
 
-    def __init__(self, members: list[keras.Model]) -> None:
-        self._items = list(members)
+    def __init__(self, items: Sequence[Any]) -> None:
+        self._items = list(items)
 
-    def __getitem__(self, index: int) -> keras.Model:
+    def __getitem__(self, index: int) -> Any:
         return self._items[index]
 
     def __len__(self) -> int:
@@ -641,27 +892,14 @@ class _MemberList:
         return iter(self._items)
 
 
-def _choose_engine(members: list[keras.Model], fuse: str | bool, data: str) -> tuple[str, Any]:
-    """Picks `"fused"` or `"graph"` and returns it with the fusion report (or reason)."""
-    report: Any
-    if not all(m.built for m in members):
-        report = "not fused: some members are not built yet; give them a keras.Input."
-    elif data != "replicate":
-        report = f'not fused: data="{data}" runs on the graph engine.'
-    elif len(members) == 1 and fuse == "auto" and keras.backend.backend() == "tensorflow":
-        report = "not fused: a single member has nothing to fuse with (fuse=True forces it)."
-    else:
-        report = fusion_report(members)
-    fusable = not isinstance(report, str) and report.fusable
-    if fuse is True and not fusable:
-        raise ValueError(f"Invalid value for argument `fuse`: True, but {report}")
-    engine = "fused" if fusable and fuse is not False else "graph"
-    if engine == "graph" and keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            f"The graph engine needs the TensorFlow backend (KERAS_BACKEND is "
-            f"{keras.backend.backend()!r}); on other backends only same-architecture members "
-            f"train, on the fused engine.\n{report}"
-        )
-    if fuse is False and fusable:
-        report = "not fused: fuse=False."
-    return engine, report
+def _graph_engine_class() -> type[Engine]:
+    """The graph engine (TensorFlow), imported only where it is used."""
+    from keras_gpushare.pack.engines.graph import GraphEngine
+
+    return GraphEngine
+
+
+def _default_steps_per_execution(engine: str) -> int:
+    if keras.backend.backend() == "torch":
+        return 1  # Keras's torch trainer runs one batch per call.
+    return _DEFAULT_STEPS_PER_EXECUTION["fused" if engine == "fused" else "graph"]

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import logging
-import re
+import warnings
 
 import keras
 
+from keras_gpushare.pack.member_callbacks import metric_direction, named_member
 from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN
 
 logger = logging.getLogger("keras_gpushare.pack")
 
 
-_MEMBER_KEY = re.compile(r"^(?:val_)?m(\d+)_(.+)$")
-
-
 class StatusWatcher(keras.callbacks.Callback):
-    """Logs each member frozen for non-finite values once, and stops `fit` when none is active.
+    """Warns once per member frozen for non-finite values, and stops `fit` when none is active.
 
     It also tells Keras's monitoring callbacks (`EarlyStopping`, `ModelCheckpoint`, ...)
     given `monitor="val_m2_loss"` and `mode="auto"` which way the member's figure improves,
@@ -42,13 +40,15 @@ class StatusWatcher(keras.callbacks.Callback):
         codes = keras.ops.convert_to_numpy(self.model._status.value)
         for i, (before, now) in enumerate(zip(self._seen, status)):
             if before != now and codes[i] == FROZEN_NAN:
-                logger.warning(
-                    "ModelPack member %d (%s) frozen in epoch %d: its loss or gradients were "
-                    "not finite. Its weights are the last finite ones; the other members go on.",
-                    i,
-                    self.model._members[i].name,
-                    epoch + 1,
+                message = (
+                    f"ModelPack member {i} ({self.model._members[i].name}) was frozen in epoch "
+                    f"{epoch + 1}: its loss or gradients were not finite (labels out of range "
+                    "for its loss, a learning rate too high, ...). Its weights are the last "
+                    "finite ones; the other members go on. Pass on_nan='ignore' to apply "
+                    "non-finite updates as plain fit does."
                 )
+                logger.warning(message)
+                warnings.warn(message, stacklevel=2)
         self._seen = status
         if not any(c == ACTIVE for c in codes):
             if any(c == FROZEN_NAN for c in codes):
@@ -62,15 +62,7 @@ class StatusWatcher(keras.callbacks.Callback):
 
 
 def _member_monitor_mode(pack: keras.Model, monitor: str) -> str | None:
-    match = _MEMBER_KEY.match(monitor)
-    if not match or int(match.group(1)) >= len(pack._members):
+    named = named_member(monitor)
+    if named is None or named[0] >= len(pack._members):
         return None
-    name = match.group(2)
-    if name == "loss" or name.endswith("_loss"):
-        return "min"
-    member = pack._members[int(match.group(1))]
-    for container in member.metrics:
-        for metric in getattr(container, "metrics", [container]):
-            if metric.name == name and hasattr(metric, "_direction"):
-                return "max" if metric._direction == "up" else "min"
-    return None
+    return metric_direction(pack._members[named[0]], named[1])

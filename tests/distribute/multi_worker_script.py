@@ -46,7 +46,7 @@ def main():
     parser.add_argument("--engine", choices=["fused", "graph"], default="fused")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--backup")
-    parser.add_argument("--baseline", type=float, help="MemberEarlyStopping's baseline")
+    parser.add_argument("--min-delta", type=float, help="MemberEarlyStopping's min_delta")
     parser.add_argument("--pause", type=float, default=0.0)
     args = parser.parse_args()
 
@@ -79,9 +79,11 @@ def main():
     callbacks = [Progress(os.path.join(args.out, f"progress-w{task}-a{attempt}.json"), args.pause)]
     if args.backup:
         callbacks.append(keras.callbacks.BackupAndRestore(args.backup))
-    if args.baseline is not None:
+    if args.min_delta is not None:
         callbacks.append(
-            kg.callbacks.MemberEarlyStopping(monitor="val_loss", patience=0, baseline=args.baseline)
+            kg.callbacks.MemberEarlyStopping(
+                monitor="val_loss", patience=0, min_delta=args.min_delta
+            )
         )
     history = pack.fit(
         x,

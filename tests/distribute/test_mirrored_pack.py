@@ -153,3 +153,25 @@ def test_steps_per_execution_above_one_is_refused_under_a_strategy():
         pack.compile(optimizer="adam", loss="mse")
     assert pack.steps_per_execution == 1
     assert pack.jit_compile is False
+
+
+def test_new_strategies_one_after_another_as_in_a_notebook():
+    # With CPU devices MirroredStrategy's default all-reduce (CollectiveAllReduce) restarts its
+    # collective keys with every strategy, so a second strategy's model clashes with the
+    # first one's in TensorFlow (plain Keras models too, see docs/scaling.md); a reduction
+    # that uses no collectives lets a notebook build one strategy after another.
+    x, y = _data()
+    reference = {}
+    for engine, widths in (("graph", [4, 6, 8]), ("fused", [5, 5, 5])):
+        strategy = tf.distribute.MirroredStrategy(
+            ["/cpu:2", "/cpu:3"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
+        with strategy.scope():
+            pack = _pack(widths, engine)
+        pack.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        alone = _pack(widths, engine)
+        alone.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        reference[engine] = (pack, alone)
+    for engine, (pack, alone) in reference.items():
+        assert pack.engine == engine
+        _assert_same_members(pack, alone)

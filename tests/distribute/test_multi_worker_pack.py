@@ -78,10 +78,10 @@ def test_workers_agree_and_only_the_chief_writes_the_pack(uninterrupted):
 
 
 def test_member_early_stopping_is_agreed_across_workers(tmp_path):
-    # Member 1's validation loss (0.82, then 0.79) is still above the baseline after its
-    # second epoch, so it stops there; members 0 (0.66) and 2 (0.16) go on. Each worker
-    # decides from the same all-reduced logs.
-    assert _run(tmp_path, "--engine", "graph", "--baseline", "0.7") == 0
+    # Member 1's validation loss falls by less than min_delta in its second epoch (0.82,
+    # then 0.79), so it stops there; members 0 and 2 go on. Each worker decides from the
+    # same all-reduced logs.
+    assert _run(tmp_path, "--engine", "graph", "--min-delta", "0.05") == 0
     (info0, weights0), (info1, weights1) = _result(tmp_path, 0), _result(tmp_path, 1)
     assert info0["engine"] == "graph"
     assert info0["status"] == info1["status"] == ["active", "stopped:early", "active"]

@@ -1,8 +1,10 @@
 """Per-family update rules of `VectorizedOptimizer`, written over stacked variables.
 
-Each rule mirrors the update step of a Keras optimizer family, with every
-hyperparameter a per-member tensor broadcast against the leading member axis, and
-names the slot lists of the family's Keras optimizer so state can be copied across.
+Each rule mirrors the update step of a Keras optimizer family, with every hyperparameter a
+per-member tensor broadcast against the leading member axis, and names the slot lists (and
+per-member scalar state) of the family's Keras optimizer so state can be copied across. The
+operations follow Keras's own `update_step` in the same order, so a member's slice is updated
+to the value its own optimizer would compute.
 """
 
 import keras
@@ -10,9 +12,13 @@ from keras import ops
 
 
 class _Rule:
+    """One optimizer family: its hyperparameters, slots and update."""
+
     family = ""
     classes = ()
     hyperparameters = ()
+    # Per-member scalar state kept beside the slots: {name: member optimizer attribute}.
+    member_state = {}
 
     def hyper(self, optimizer):
         return {name: float(getattr(optimizer, name)) for name in self.hyperparameters}
@@ -25,7 +31,15 @@ class _Rule:
         """`{slot name: list attribute of the member optimizer}` for this optimizer."""
         raise NotImplementedError
 
-    def update(self, gradient, variable, slots, h, lr, step):
+    def initial_state(self, hypers):
+        """`{state name: per-member initial values}` of the per-member scalar state."""
+        return {}
+
+    def advance(self, state, h, step):
+        """The per-member state for this step (called once a step, before the updates)."""
+        return state
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
         """Return `(new_variable, {slot name: new value})`."""
         raise NotImplementedError
 
@@ -48,7 +62,7 @@ class _SGD(_Rule):
     def member_slots(self, optimizer):
         return {"momentum": optimizer.momentums} if optimizer.momentum != 0 else {}
 
-    def update(self, gradient, variable, slots, h, lr, step):
+    def update(self, gradient, variable, slots, h, lr, step, state):
         if "momentum" not in slots:
             return variable - gradient * lr, {}
         m = slots["momentum"] * h["momentum"] - gradient * lr
@@ -81,7 +95,7 @@ class _Adam(_Rule):
             slots["velocity_hat"] = optimizer._velocity_hats
         return slots
 
-    def update(self, gradient, variable, slots, h, lr, step):
+    def update(self, gradient, variable, slots, h, lr, step, state):
         beta_1_power = ops.power(h["beta_1"], step)
         beta_2_power = ops.power(h["beta_2"], step)
         alpha = lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
@@ -93,6 +107,105 @@ class _Adam(_Rule):
             new["velocity_hat"] = v_hat
             v = ops.where(h["amsgrad"] > 0, v_hat, v)
         return variable - (m * alpha) / (ops.sqrt(v) + h["epsilon"]), new
+
+
+class _Adamax(_Rule):
+    family = "Adamax"
+    classes = (keras.optimizers.Adamax,)
+    hyperparameters = ("beta_1", "beta_2", "epsilon")
+
+    def slots(self, hypers):
+        return {"momentum": [0.0] * len(hypers), "norm": [0.0] * len(hypers)}
+
+    def member_slots(self, optimizer):
+        return {"momentum": optimizer._m, "norm": optimizer._u}
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        beta_1_power = ops.power(h["beta_1"], step)
+        m = slots["momentum"] + (gradient - slots["momentum"]) * (1 - h["beta_1"])
+        u = ops.maximum(h["beta_2"] * slots["norm"], ops.abs(gradient))
+        new_variable = variable - (lr * m) / ((1 - beta_1_power) * (u + h["epsilon"]))
+        return new_variable, {"momentum": m, "norm": u}
+
+
+class _Nadam(_Rule):
+    family = "Nadam"
+    classes = (keras.optimizers.Nadam,)
+    hyperparameters = ("beta_1", "beta_2", "epsilon")
+    member_state = {"u_product": "_u_product"}
+
+    def slots(self, hypers):
+        return {"momentum": [0.0] * len(hypers), "velocity": [0.0] * len(hypers)}
+
+    def member_slots(self, optimizer):
+        return {"momentum": optimizer._momentums, "velocity": optimizer._velocities}
+
+    def initial_state(self, hypers):
+        return {"u_product": [1.0] * len(hypers)}
+
+    def advance(self, state, h, step):
+        # Keras multiplies its `_u_product` once per step, before the variables' updates.
+        factor = h["beta_1"] * (1.0 - 0.5 * ops.power(0.96, step))
+        return {"u_product": state["u_product"] * factor}
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        decay = 0.96
+        u_t = h["beta_1"] * (1.0 - 0.5 * ops.power(decay, step))
+        u_t_1 = h["beta_1"] * (1.0 - 0.5 * ops.power(decay, step + 1))
+        u_product_t = state["u_product"]
+        u_product_t_1 = u_product_t * u_t_1
+        beta_2_power = ops.power(h["beta_2"], step)
+        m = slots["momentum"] + (gradient - slots["momentum"]) * (1 - h["beta_1"])
+        v = slots["velocity"] + (ops.square(gradient) - slots["velocity"]) * (1 - h["beta_2"])
+        m_hat = (u_t_1 * m) / (1 - u_product_t_1) + ((1 - u_t) * gradient) / (1 - u_product_t)
+        v_hat = v / (1 - beta_2_power)
+        new_variable = variable - (m_hat * lr) / (ops.sqrt(v_hat) + h["epsilon"])
+        return new_variable, {"momentum": m, "velocity": v}
+
+
+class _Lion(_Rule):
+    family = "Lion"
+    classes = (keras.optimizers.Lion,)
+    hyperparameters = ("beta_1", "beta_2")
+
+    def slots(self, hypers):
+        return {"momentum": [0.0] * len(hypers)}
+
+    def member_slots(self, optimizer):
+        return {"momentum": optimizer._momentums}
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        m = slots["momentum"]
+        direction = ops.sign(m * h["beta_1"] + gradient * (1.0 - h["beta_1"]))
+        new_m = m * h["beta_2"] + gradient * (1.0 - h["beta_2"])
+        return variable - lr * direction, {"momentum": new_m}
+
+
+class _Lamb(_Rule):
+    family = "Lamb"
+    classes = (keras.optimizers.Lamb,)
+    hyperparameters = ("beta_1", "beta_2", "epsilon")
+
+    def slots(self, hypers):
+        return {"momentum": [0.0] * len(hypers), "velocity": [0.0] * len(hypers)}
+
+    def member_slots(self, optimizer):
+        return {"momentum": optimizer._momentums, "velocity": optimizer._velocities}
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        beta_1_power = ops.power(h["beta_1"], step)
+        beta_2_power = ops.power(h["beta_2"], step)
+        m = slots["momentum"] + (gradient - slots["momentum"]) * (1 - h["beta_1"])
+        v = slots["velocity"] + (ops.square(gradient) - slots["velocity"]) * (1 - h["beta_2"])
+        m_t_hat = m / (1.0 - beta_1_power)
+        v_sqrt = ops.sqrt(v / (1.0 - beta_2_power)) + h["epsilon"]
+        update = m_t_hat / v_sqrt
+        axes = tuple(range(1, len(variable.shape)))
+        w_norm = ops.sqrt(ops.sum(ops.power(variable, 2), axis=axes, keepdims=True))
+        g_norm = ops.sqrt(ops.sum(ops.power(update, 2), axis=axes, keepdims=True))
+        safe = ops.where(g_norm > 0, g_norm, ops.ones_like(g_norm))
+        ratio = ops.where(w_norm > 0, ops.where(g_norm > 0, w_norm / safe, 1.0), 1.0)
+        return variable - ratio * lr * update, {"momentum": m, "velocity": v}
 
 
 class _RMSprop(_Rule):
@@ -122,7 +235,7 @@ class _RMSprop(_Rule):
             slots["average_gradient"] = optimizer._average_gradients
         return slots
 
-    def update(self, gradient, variable, slots, h, lr, step):
+    def update(self, gradient, variable, slots, h, lr, step, state):
         velocity = h["rho"] * slots["velocity"] + h["one_minus_rho"] * ops.square(gradient)
         new = {"velocity": velocity}
         denominator = velocity + h["epsilon"]
@@ -149,21 +262,110 @@ class _Adagrad(_Rule):
     def member_slots(self, optimizer):
         return {"accumulator": optimizer._accumulators}
 
-    def update(self, gradient, variable, slots, h, lr, step):
+    def update(self, gradient, variable, slots, h, lr, step, state):
         accumulator = slots["accumulator"] + ops.square(gradient)
         new_variable = variable - (lr * gradient) / ops.sqrt(accumulator + h["epsilon"])
         return new_variable, {"accumulator": accumulator}
 
 
-RULES = (_SGD(), _Adam(), _RMSprop(), _Adagrad())
+class _Adadelta(_Rule):
+    family = "Adadelta"
+    classes = (keras.optimizers.Adadelta,)
+    hyperparameters = ("rho", "epsilon")
+
+    def slots(self, hypers):
+        zeros = [0.0] * len(hypers)
+        return {"accumulated_grad": zeros, "accumulated_delta_var": list(zeros)}
+
+    def member_slots(self, optimizer):
+        return {
+            "accumulated_grad": optimizer._accumulated_grads,
+            "accumulated_delta_var": optimizer._accumulated_delta_vars,
+        }
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        rho = h["rho"]
+
+        def rms(x):
+            return ops.sqrt(x + h["epsilon"])
+
+        accumulated_grad = rho * slots["accumulated_grad"] + (1 - rho) * ops.square(gradient)
+        delta = -(rms(slots["accumulated_delta_var"]) * gradient) / rms(accumulated_grad)
+        accumulated_delta = rho * slots["accumulated_delta_var"] + (1 - rho) * ops.square(delta)
+        new = {"accumulated_grad": accumulated_grad, "accumulated_delta_var": accumulated_delta}
+        return variable + lr * delta, new
+
+
+class _Ftrl(_Rule):
+    family = "Ftrl"
+    classes = (keras.optimizers.Ftrl,)
+    hyperparameters = (
+        "learning_rate_power",
+        "l1_regularization_strength",
+        "l2_regularization_strength",
+        "l2_shrinkage_regularization_strength",
+        "beta",
+        "initial_accumulator_value",
+    )
+
+    def slots(self, hypers):
+        return {
+            "accumulator": [h["initial_accumulator_value"] for h in hypers],
+            "linear": [0.0] * len(hypers),
+        }
+
+    def member_slots(self, optimizer):
+        return {"accumulator": optimizer._accumulators, "linear": optimizer._linears}
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        accum, linear = slots["accumulator"], slots["linear"]
+        power = -h["learning_rate_power"]
+        l2 = h["l2_regularization_strength"] + h["beta"] / (2.0 * lr)
+        grad_to_use = gradient + 2 * h["l2_shrinkage_regularization_strength"] * variable
+        new_accum = accum + ops.square(gradient)
+        linear = linear + (
+            grad_to_use - ((ops.power(new_accum, power) - ops.power(accum, power)) / lr) * variable
+        )
+        quadratic = ops.power(new_accum, power) / lr + 2 * l2
+        l1 = h["l1_regularization_strength"]
+        linear_clipped = ops.clip(linear, -l1, l1)
+        new_variable = (linear_clipped - linear) / quadratic
+        return new_variable, {"accumulator": new_accum, "linear": linear}
+
+
+RULES = (
+    _SGD(),
+    _Adam(),
+    _Adamax(),
+    _Nadam(),
+    _Lion(),
+    _Lamb(),
+    _RMSprop(),
+    _Adagrad(),
+    _Adadelta(),
+    _Ftrl(),
+)
+_BY_CLASS = {cls: rule for rule in RULES for cls in rule.classes}
+
+
+def keras_class(optimizer):
+    """The public Keras optimizer class `optimizer` is, or `None` for a user's own subclass.
+
+    Backends subclass Keras's optimizers (on torch, `keras.optimizers.Adam(...)` is a
+    torch-specific `Adam`); those count as the public class. A class written outside Keras
+    may change the update, so it has none.
+    """
+    for cls in type(optimizer).__mro__:
+        if cls in _BY_CLASS or cls.__module__.startswith("keras.src.optimizers."):
+            return cls
+        if not cls.__module__.startswith("keras.src.backend."):
+            return None
+    return None
 
 
 def rule_for(optimizer):
-    """Return the rule whose family contains exactly this optimizer's class, or `None`."""
-    for rule in RULES:
-        if type(optimizer) in rule.classes:
-            return rule
-    return None
+    """Return the rule for this optimizer's class, or `None` when it has no vectorized form."""
+    return _BY_CLASS.get(keras_class(optimizer))
 
 
 def supported_names():

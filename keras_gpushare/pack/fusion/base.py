@@ -32,6 +32,10 @@ class FusedLayer(keras.layers.Layer):
     - `per_member_keys` (class attribute, optional): config keys whose values may differ
       between members (a dropout rate, say). The converter then lets them differ and
       passes every member's value in `member_config["per_member"][key]`, a list of N.
+    - `member_state` (class attribute, optional): names of non-trainable weights that a
+      training call updates (BatchNormalization's moving statistics). A member that is not
+      training (stopped early, frozen) keeps its slice of them unchanged, as its own
+      `fit` would have ended.
     - `handles_masks` (class attribute, optional): set it to `True` when the fused form
       computes what the member layer does with Keras masks (`Embedding(mask_zero=True)`,
       `Masking`): it uses an incoming mask as the member does and `compute_mask` returns
@@ -72,6 +76,7 @@ class FusedLayer(keras.layers.Layer):
 
     per_member_keys = ()
     handles_masks = False
+    member_state = ()
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(**kwargs)

@@ -87,6 +87,8 @@ class FusedBatchNormalization(_FusedNormalization):
     ```
     """
 
+    member_state = ("moving_mean", "moving_variance")
+
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
         self.momentum = float(member_config.get("momentum", 0.99))

@@ -7,58 +7,34 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_gpushare.pack.fusion import _optimizer_rules
+from keras_gpushare.pack.fusion._member_settings import (
+    MemberLearningRate,
+    inner_optimizer,
+    member_settings,
+    outside_groups,
+)
 
 logger = logging.getLogger(__name__)
 
 _CLIP_OPTIONS = ("clipnorm", "global_clipnorm", "clipvalue")
 
 
-def _hyper_or_none(optimizer, name):
-    value = getattr(optimizer, name, None)
-    return None if value is None or value <= 0 else float(value)
+def _runs(rules):
+    """`[(rule, start, stop)]`: the maximal stretches of members sharing a rule."""
+    runs = []
+    for j, rule in enumerate(rules):
+        if runs and runs[-1][0] is rule:
+            runs[-1] = (rule, runs[-1][1], j + 1)
+        else:
+            runs.append((rule, j, j + 1))
+    return runs
 
 
-def _check_member(i, optimizer, rule, family):
-    supported = _optimizer_rules.supported_names()
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(
-            f"Invalid optimizer for member {i}: expected a `keras.optimizers.Optimizer`, got "
-            f"{type(optimizer).__name__}. Pass one of: {supported}."
-        )
-    if rule is None:
-        raise ValueError(
-            f"Member {i}'s optimizer `{type(optimizer).__name__}` has no vectorized form. "
-            f"Supported: {supported}; use one of them or the graph engine."
-        )
-    if rule.family != family:
-        raise ValueError(
-            f"Member {i}'s optimizer `{type(optimizer).__name__}` is of family "
-            f"{rule.family}, member 0's of family {family}. A vectorized optimizer needs one "
-            "family for all members; give them optimizers of one family."
-        )
-    options = {
-        "use_ema": optimizer.use_ema,
-        "gradient_accumulation_steps": optimizer.gradient_accumulation_steps,
-        "loss_scale_factor": optimizer.loss_scale_factor,
-        "exclude_from_weight_decay": getattr(optimizer, "_exclude_from_weight_decay", None)
-        or getattr(optimizer, "_exclude_from_weight_decay_pattern", None),
-    }
-    for name, value in options.items():
-        if value:
-            raise ValueError(
-                f"Member {i}'s optimizer sets `{name}={value!r}`, which the vectorized "
-                f"optimizer does not support. Supported: {supported} with learning rates, "
-                "schedules, their own hyperparameters, weight_decay, clipnorm, "
-                "global_clipnorm and clipvalue."
-            )
-    learning_rate = optimizer._learning_rate
-    schedule = keras.optimizers.schedules.LearningRateSchedule
-    if callable(learning_rate) and not isinstance(learning_rate, schedule):
-        raise ValueError(
-            f"Member {i}'s optimizer has a callable learning rate that is not a "
-            "`keras.optimizers.schedules.LearningRateSchedule`. Pass a float or a schedule."
-        )
+class _Reference:
+    """Holds an object out of Keras's attribute tracking."""
+
+    def __init__(self, value):
+        self.value = value
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -67,9 +43,15 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     Member i's slice of every stacked variable is updated exactly as member i's own
     optimizer would update its own variables: its learning rate (or schedule, evaluated
-    at its own step count), its hyperparameters, weight decay and gradient clipping,
-    each taken over its own slices only. The update is a handful of element-wise ops
-    over the stacked variables, with no per-member loop.
+    at its own step count), its hyperparameters, weight decay, gradient clipping, fixed or
+    dynamic (mixed-precision) loss scaling and gradient accumulation, each taken over its
+    own slices only. Members may use different optimizer families (Adam for some, SGD for
+    others): each stretch of members of one family is updated by that family's rule, with
+    no per-member loop.
+
+    Variables are stacked per group: `groups` lists, for each group of fused members, the
+    members whose slices its variables hold, in slice order (`set_variable_groups` says
+    which variable belongs to which group; by default one group of all members).
 
     It also isolates members:
 
@@ -79,12 +61,14 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
       member whose gradients were not all finite; that member got no update that step.
 
     Both are optimizer variables, so they work inside `stateless_apply` on JAX too.
-    Supported families: SGD (momentum, nesterov), Adam and AdamW (amsgrad), RMSprop
-    (momentum, centered), Adagrad; all members must share a family.
+    Supported: SGD, Adam, AdamW, Adamax, Nadam, Lion, Lamb, RMSprop, Adagrad, Adadelta,
+    Ftrl, each optionally inside a `LossScaleOptimizer`.
 
     Args:
         optimizers: One Keras optimizer per member, not yet used or already built (their
             state is read with `read_state_from`). Defaults to none (required).
+        groups: The members of each group of stacked variables, in slice order.
+            Defaults to one group of all members.
         name: Name of the optimizer. Defaults to `"vectorized_optimizer"`.
 
     Example:
@@ -94,7 +78,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     from keras_gpushare.pack.fusion import VectorizedOptimizer
 
     optimizer = VectorizedOptimizer(
-        [keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-2, beta_1=0.8)]
+        [keras.optimizers.Adam(1e-3), keras.optimizers.SGD(1e-2, momentum=0.9)]
     )
     w = keras.Variable(keras.ops.ones((2, 3)))
     optimizer.apply([keras.ops.ones((2, 3))], [w])
@@ -102,36 +86,34 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     ```
     """
 
-    def __init__(self, optimizers: Sequence[keras.optimizers.Optimizer], name=None, **kwargs):
+    def __init__(
+        self, optimizers: Sequence[keras.optimizers.Optimizer], groups=None, name=None, **kwargs
+    ):
         optimizers = list(optimizers)
         if not optimizers:
             raise ValueError(
                 "Invalid value for argument `optimizers`: got an empty list. Pass one "
                 "optimizer per member."
             )
-        rule = _optimizer_rules.rule_for(optimizers[0])
-        family = rule.family if rule is not None else None
-        for i, optimizer in enumerate(optimizers):
-            _check_member(i, optimizer, _optimizer_rules.rule_for(optimizer), family)
+        n = len(optimizers)
+        groups = [tuple(range(n))] if groups is None else [tuple(int(i) for i in g) for g in groups]
+        grouped = {i for g in groups for i in g}
+        settings = [
+            member_settings(i, o) if i in grouped else outside_groups()
+            for i, o in enumerate(optimizers)
+        ]
         kwargs.pop("learning_rate", None)
         super().__init__(learning_rate=0.0, name=name or "vectorized_optimizer", **kwargs)
-        self.n_members = len(optimizers)
-        self._rule = rule
+        self.n_members = n
+        self._settings = settings
+        self._groups = groups
+        self._names = [inner_optimizer(o).name for o in optimizers]
+        # Members outside the groups keep their own optimizers (held, not tracked: they
+        # are the members', saved with them).
+        self._outside = _Reference({i: o for i, o in enumerate(optimizers) if i not in grouped})
         self._member_configs = [keras.optimizers.serialize(o) for o in optimizers]
-        self._hypers = [rule.hyper(o) for o in optimizers]
-        schedule = keras.optimizers.schedules.LearningRateSchedule
-        self._schedules = [
-            o._learning_rate if isinstance(o._learning_rate, schedule) else None for o in optimizers
-        ]
-        self._weight_decays = [o.weight_decay for o in optimizers]
-        self._clips = {
-            name: [_hyper_or_none(o, name) for o in optimizers] for name in _CLIP_OPTIONS
-        }
-        initial_rates = [
-            0.0 if s is not None else float(ops.convert_to_numpy(o.learning_rate))
-            for o, s in zip(optimizers, self._schedules)
-        ]
-        n = self.n_members
+        self._variable_groups = {}
+        self._loss_scale_ref = _Reference(None)
         self.member_mask = self.add_variable((n,), initializer="ones", name="member_mask")
         self.nonfinite = self.add_variable((n,), initializer="zeros", name="nonfinite")
         self.member_iterations = self.add_variable(
@@ -140,77 +122,165 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         self.member_learning_rate = self.add_variable(
             (n,), initializer="zeros", name="member_learning_rate"
         )
-        self.member_learning_rate.assign(np.asarray(initial_rates, dtype="float32"))
+        self.member_learning_rate.assign(
+            np.asarray([s.learning_rate for s in settings], dtype="float32")
+        )
+
+    # Configuration -------------------------------------------------------------------
+
+    def set_variable_groups(self, variable_groups):
+        """Says which group each stacked variable belongs to.
+
+        Args:
+            variable_groups: pairs `(variable, group index)`. Defaults to none (required).
+        """
+        self._variable_groups = {id(v): g for v, g in variable_groups}
+
+    def attach_loss_scale(self, variable):
+        """Uses `variable` (shape (N,), the pack's) for the members' dynamic loss scales.
+
+        The pack multiplies member i's loss by `variable[i]` (and by its fixed
+        `loss_scale_factor`); its gradient with respect to `variable[i]` is then member i's
+        loss, finite exactly when the member trained this step. This optimizer unscales
+        each member's gradients, and updates `variable` as Keras's `LossScaleOptimizer`
+        updates its scale, instead of a gradient step.
+        """
+        self._loss_scale_ref = _Reference(variable)
+
+    @property
+    def _loss_scale(self):
+        """The pack's loss-scale variable (held, not tracked: it is the pack's, not ours)."""
+        return self._loss_scale_ref.value
+
+    @property
+    def uses_dynamic_loss_scale(self):
+        """Whether some member trains with a `LossScaleOptimizer` (mixed precision)."""
+        return any(s.dynamic_scale is not None for s in self._settings)
+
+    def initial_loss_scales(self):
+        """Each member's initial dynamic loss scale (1.0 for members without one)."""
+        return np.asarray(
+            [s.dynamic_scale[0] if s.dynamic_scale else 1.0 for s in self._settings], "float32"
+        )
+
+    def loss_scale_factors(self):
+        """Each member's fixed `loss_scale_factor` (1.0 where none is set)."""
+        return np.asarray([s.loss_scale_factor or 1.0 for s in self._settings], "float32")
+
+    def member_schedule(self, index):
+        """Member `index`'s learning-rate schedule, or `None`."""
+        return self._settings[index].schedule
+
+    def member_learning_rates(self):
+        """Every member's current learning rate, as a NumPy array."""
+        rates = ops.convert_to_numpy(self._learning_rates()).copy()
+        for i, optimizer in self._outside.value.items():
+            rates[i] = float(ops.convert_to_numpy(optimizer.learning_rate))
+        return rates
+
+    def set_member_learning_rate(self, index, value):
+        """Sets member `index`'s fixed learning rate."""
+        rates = ops.convert_to_numpy(self.member_learning_rate).copy()
+        rates[index] = value
+        self.member_learning_rate.assign(rates)
+
+    @property
+    def optimizers(self):
+        """One object per member whose `learning_rate` reads and sets that member's rate.
+
+        Keras's learning-rate callbacks and TensorBoard look for an `optimizers` attribute
+        and act on each entry.
+        """
+        outside = self._outside.value
+        return [
+            outside[i] if i in outside else MemberLearningRate(self, i, name)
+            for i, name in enumerate(self._names)
+        ]
+
+    @property
+    def learning_rate(self):
+        """The members' common learning rate; setting it sets every member's."""
+        rates = self.member_learning_rates()
+        if np.any(rates != rates[0]):
+            raise ValueError(
+                "The members of this ModelPack have different learning rates "
+                f"({rates.tolist()}), so the pack has no single `learning_rate`. Read or "
+                "set each member's with `pack.optimizer.optimizers[i].learning_rate`."
+            )
+        return ops.convert_to_tensor(rates[0])
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        if not hasattr(self, "_settings"):
+            # The base class sets its own (unused) rate while it is constructed.
+            keras.optimizers.Optimizer.learning_rate.fset(self, value)
+            return
+        for handle in self.optimizers:
+            handle.learning_rate = value
+
+    # State ---------------------------------------------------------------------------
 
     def build(self, variables):
         if self.built:
             return
         super().build(variables)
-        self._slot_names = list(self._rule.slots(self._hypers))
-        initial = self._rule.slots(self._hypers)
+        self._group_of = [self._variable_groups.get(id(v), 0) for v in variables]
+        self._group_runs = [_runs([self._settings[i].rule for i in ids]) for ids in self._groups]
         self._slots = {}
-        for name in self._slot_names:
-            slot_variables = self.add_optimizer_variables(variables, name)
-            values = np.asarray(initial[name], dtype="float32")
-            if np.any(values != 0):
-                for slot in slot_variables:
-                    shape = (self.n_members,) + (1,) * (len(slot.shape) - 1)
-                    slot.assign(ops.ones(slot.shape) * np.reshape(values, shape))
-            self._slots[name] = slot_variables
-
-    def _per_member(self, values, rank, dtype):
-        values = np.asarray(values, dtype="float64").astype(keras.backend.standardize_dtype(dtype))
-        return ops.convert_to_tensor(np.reshape(values, (self.n_members,) + (1,) * (rank - 1)))
-
-    def _learning_rates(self):
-        rates = ops.convert_to_tensor(self.member_learning_rate)
-        if not any(s is not None for s in self._schedules):
-            return rates
-        steps = ops.convert_to_tensor(self.member_iterations)
-        per_member = [
-            rates[i] if s is None else ops.cast(s(steps[i]), "float32")
-            for i, s in enumerate(self._schedules)
-        ]
-        return ops.stack(per_member)
-
-    def _clip(self, grads):
-        clips = self._clips
-        rank_of = [len(g.shape) for g in grads]
-
-        def member_sums(g):
-            return ops.sum(ops.square(g), axis=tuple(range(1, len(g.shape))))
-
-        if any(c is not None for c in clips["clipnorm"]):
-            use = np.asarray([c is not None for c in clips["clipnorm"]])
-            limits = [c if c is not None else 1.0 for c in clips["clipnorm"]]
-            clipped = []
-            for g, rank in zip(grads, rank_of):
-                l2sum = ops.reshape(member_sums(g), (self.n_members,) + (1,) * (rank - 1))
-                safe = ops.where(l2sum > 0, l2sum, ops.ones_like(l2sum))
-                l2norm = ops.where(l2sum > 0, ops.sqrt(safe), l2sum)
-                limit = self._per_member(limits, rank, g.dtype)
-                c = (g * limit) / ops.maximum(l2norm, limit)
-                clipped.append(ops.where(self._per_member(use, rank, "bool"), c, g))
-            grads = clipped
-        if any(c is not None for c in clips["global_clipnorm"]):
-            use = [c is not None for c in clips["global_clipnorm"]]
-            limit = np.asarray([c if c is not None else 1.0 for c in clips["global_clipnorm"]])
-            norm = ops.sqrt(sum(member_sums(g) for g in grads))
-            limit = ops.convert_to_tensor(limit.astype("float32"))
-            scale = limit * ops.minimum(1.0 / norm, 1.0 / limit) + (norm - norm)
-            scale = ops.where(ops.convert_to_tensor(np.asarray(use)), scale, ops.ones_like(scale))
-            grads = [
-                g * ops.reshape(scale, (self.n_members,) + (1,) * (rank - 1))
-                for g, rank in zip(grads, rank_of)
+        rules = []
+        for settings in self._settings:
+            if settings.rule is not None and settings.rule not in rules:
+                rules.append(settings.rule)
+        for rule in rules:
+            names = {}
+            for runs, ids in zip(self._group_runs, self._groups):
+                for run_rule, a, b in runs:
+                    if run_rule is rule:
+                        hypers = [self._settings[i].hyper for i in ids[a:b]]
+                        names.update(rule.slots(hypers))
+            for name in names:
+                for k, variable in enumerate(variables):
+                    self._add_run_slots(rule, name, k, variable)
+        self._states = {}
+        for rule in rules:
+            hypers = [s.hyper for s in self._settings]
+            for name, values in rule.initial_state(hypers).items():
+                state = self.add_variable((self.n_members,), initializer="zeros", name=name)
+                state.assign(np.asarray(values, dtype="float32"))
+                self._states[name] = state
+        self._accumulators = None
+        if any(s.accumulation for s in self._settings):
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="accumulated_gradient") for v in variables
             ]
-        if any(c is not None for c in clips["clipvalue"]):
-            values = [c if c is not None else np.inf for c in clips["clipvalue"]]
-            clipped = []
-            for g, rank in zip(grads, rank_of):
-                limit = self._per_member(values, rank, g.dtype)
-                clipped.append(ops.minimum(ops.maximum(g, -limit), limit))
-            grads = clipped
-        return grads
+        self.scale_counter = None
+        if self.uses_dynamic_loss_scale:
+            self.scale_counter = self.add_variable(
+                (self.n_members,), initializer="zeros", dtype="int32", name="scale_counter"
+            )
+
+    def _add_run_slots(self, rule, name, k, variable):
+        group = self._group_of[k]
+        ids = self._groups[group]
+        for r, (run_rule, a, b) in enumerate(self._group_runs[group]):
+            if run_rule is not rule:
+                continue
+            initial = rule.slots([self._settings[i].hyper for i in ids[a:b]]).get(name)
+            if initial is None:
+                continue
+            shape = (b - a, *variable.shape[1:])
+            if shape == tuple(variable.shape):
+                slot = self.add_variable_from_reference(variable, name=name)
+            else:
+                slot = self.add_variable(shape, dtype=variable.dtype, name=name)
+            values = np.asarray(initial, dtype="float32")
+            if np.any(values != 0):
+                slot.assign(
+                    ops.ones(shape) * np.reshape(values, (b - a,) + (1,) * (len(shape) - 1))
+                )
+            self._slots[(k, r, name)] = slot
+
+    # Update ----------------------------------------------------------------------------
 
     def apply(self, grads, trainable_variables=None):
         """Update the stacked variables, one member's optimizer per slice.
@@ -236,165 +306,403 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     self.build(trainable_variables)
                 self.built = True
         pairs = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
+        scale = self._loss_scale
+        if scale is not None:
+            pairs = [(g, v) for g, v in pairs if v is not scale]
+            scale_grad = next(
+                (g for g, v in zip(grads, trainable_variables) if v is scale and g is not None),
+                None,
+            )
         if pairs:
             with keras.name_scope(self.name, caller=self):
-                self._vectorized_update([g for g, _ in pairs], [v for _, v in pairs])
+                grads = [ops.convert_to_tensor(g) for g, _ in pairs]
+                variables = [v for _, v in pairs]
+                self._vectorized_update(grads, variables, None if scale is None else scale_grad)
         self._iterations.assign_add(1)
 
-    def _vectorized_update(self, grads, variables):
+    def _vectorized_update(self, grads, variables, scale_grad):
         from keras_gpushare.pack import replicas
 
         context = replicas.replica_context()
+        if context is not None:
+            grads = context.all_reduce("sum", list(grads))
+            if scale_grad is not None:
+                scale_grad = context.all_reduce("sum", scale_grad)
+        updates = self._new_values(grads, variables, scale_grad)
         if context is None:
-            plan = self._plan(grads, variables)
-            for g, variable in zip(plan[0], variables):
-                self._update_variable(variable, g, *plan[1:], self._get_variable_index(variable))
-            self._update_bookkeeping(self.nonfinite, self.member_iterations, *plan[1:3])
+            for variable, value in updates:
+                variable.assign(value)
             return
-        self._replicated_update(context, grads, variables)
-
-    def _replicated_update(self, context, grads, variables):
-        """The update on one replica of a `tf.distribute` strategy.
-
-        The gradients are summed over the replicas first, so every replica works out the
-        same update; then each replica's copy of every variable gets it, in the strategy's
-        update context, as Keras's own optimizers do.
-        """
         import tensorflow as tf
 
-        grads = context.all_reduce("sum", list(grads))
-        plan = self._plan(grads, variables)
-        indices = [self._get_variable_index(v) for v in variables]
-
-        def update(strategy, plan):
-            extended = strategy.extended
-            for g, variable, index in zip(plan[0], variables, indices):
-                extended.update(
-                    variable.value,
-                    lambda v, *args, i=index: self._update_variable(v, *args, i),
-                    args=(g, *plan[1:]),
-                    group=False,
+        def assign_all(strategy, values):
+            for (variable, _), value in zip(updates, values):
+                strategy.extended.update(
+                    variable.value, lambda v, x: v.assign(x), args=(value,), group=False
                 )
-            extended.update(
-                self.nonfinite.value,
-                lambda v, active, finite: self._update_bookkeeping(
-                    v, self.member_iterations, active, finite
-                ),
-                args=plan[1:3],
-                group=False,
-            )
 
-        tf.__internal__.distribute.interim.maybe_merge_call(update, context.strategy, plan)
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            assign_all, context.strategy, [value for _, value in updates]
+        )
 
-    def _plan(self, grads, variables):
-        """What every variable's update needs: `(grads, active, finite, rates, steps)`."""
+    def _per_member(self, values, rank, dtype):
+        values = np.asarray(values, dtype="float64").astype(keras.backend.standardize_dtype(dtype))
+        return ops.convert_to_tensor(np.reshape(values, (len(values),) + (1,) * (rank - 1)))
+
+    def _learning_rates(self):
+        rates = ops.convert_to_tensor(self.member_learning_rate)
+        if not any(s.schedule is not None for s in self._settings):
+            return rates
+        steps = ops.convert_to_tensor(self.member_iterations)
+        per_member = [
+            rates[i] if s.schedule is None else ops.cast(s.schedule(steps[i]), "float32")
+            for i, s in enumerate(self._settings)
+        ]
+        return ops.stack(per_member)
+
+    def _clip(self, grads, ids):
+        """Each member's gradient clipping (`clipnorm` per variable, then global, then value)."""
+        clips = {name: [self._settings[i].clip[name] for i in ids] for name in _CLIP_OPTIONS}
+        k = len(ids)
+
+        def member_sums(g):
+            return ops.sum(ops.square(g), axis=tuple(range(1, len(g.shape))))
+
+        def shaped(values, rank, dtype):
+            return self._per_member(values, rank, dtype)
+
+        if any(c is not None for c in clips["clipnorm"]):
+            use = np.asarray([c is not None for c in clips["clipnorm"]])
+            limits = [c if c is not None else 1.0 for c in clips["clipnorm"]]
+            clipped = []
+            for g in grads:
+                rank = len(g.shape)
+                l2sum = ops.reshape(member_sums(g), (k,) + (1,) * (rank - 1))
+                safe = ops.where(l2sum > 0, l2sum, ops.ones_like(l2sum))
+                l2norm = ops.where(l2sum > 0, ops.sqrt(safe), l2sum)
+                limit = shaped(limits, rank, g.dtype)
+                c = (g * limit) / ops.maximum(l2norm, limit)
+                clipped.append(ops.where(shaped(use, rank, "bool"), c, g))
+            grads = clipped
+        if any(c is not None for c in clips["global_clipnorm"]):
+            use = [c is not None for c in clips["global_clipnorm"]]
+            limit = np.asarray([c if c is not None else 1.0 for c in clips["global_clipnorm"]])
+            norm = ops.sqrt(sum(member_sums(g) for g in grads))
+            limit = ops.convert_to_tensor(limit.astype("float32"))
+            scale = limit * ops.minimum(1.0 / norm, 1.0 / limit) + (norm - norm)
+            scale = ops.where(ops.convert_to_tensor(np.asarray(use)), scale, ops.ones_like(scale))
+            grads = [g * ops.reshape(scale, (k,) + (1,) * (len(g.shape) - 1)) for g in grads]
+        if any(c is not None for c in clips["clipvalue"]):
+            values = [c if c is not None else np.inf for c in clips["clipvalue"]]
+            grads = [
+                ops.minimum(
+                    ops.maximum(g, -shaped(values, len(g.shape), g.dtype)),
+                    shaped(values, len(g.shape), g.dtype),
+                )
+                for g in grads
+            ]
+        return grads
+
+    def _new_values(self, grads, variables, scale_grad):
+        """Every variable's new value after this step: `[(variable, value)]`."""
         n = self.n_members
-        grads = [ops.cast(ops.convert_to_tensor(g), v.dtype) for g, v in zip(grads, variables)]
-        finite = ops.ones((n,), dtype="bool")
+        mask = ops.convert_to_tensor(self.member_mask) > 0.5
+        iterations = ops.convert_to_tensor(self.member_iterations)
+        # With gradient accumulation Keras counts an optimizer step per `k` applications.
+        periods = np.asarray([s.accumulation or 1 for s in self._settings], "int32")
+        steps = ops.cast(ops.floor_divide(iterations, periods) + 1, "float32")
+        rates = self._learning_rates()
+        dynamic = self._loss_scale is not None and self.uses_dynamic_loss_scale
+        divisor = ops.convert_to_tensor(self.loss_scale_factors())
+        if dynamic:
+            divisor = divisor * ops.convert_to_tensor(self._loss_scale)
+        index = {id(v): k for k, v in enumerate(self._trainable_variables)}
+        finite_all = [True] * n
+        active_all = [False] * n
+        updated_all = [False] * n
+        updates = []
+        states = {name: ops.convert_to_tensor(s) for name, s in self._states.items()}
+        new_states = dict(states)
+        for group, ids in enumerate(self._groups):
+            members = [(self._variable_index(v, index), g, v) for g, v in zip(grads, variables)]
+            members = [(k, g, v) for k, g, v in members if self._group_of[k] == group]
+            if not members:
+                continue
+            group_updates, finite, active, updated, group_states = self._group_step(
+                group, ids, members, mask, iterations, steps, rates, divisor, states
+            )
+            updates.extend(group_updates)
+            for j, i in enumerate(ids):
+                finite_all[i], active_all[i], updated_all[i] = finite[j], active[j], updated[j]
+            for name, value in group_states.items():
+                new_states[name] = ops.scatter_update(new_states[name], [[i] for i in ids], value)
+        finite_all = ops.stack([ops.convert_to_tensor(f) for f in finite_all])
+        active_all = ops.stack([ops.convert_to_tensor(a) for a in active_all])
+        updated_all = ops.stack([ops.convert_to_tensor(u) for u in updated_all])
+        updates.append((self.nonfinite, ops.cast(ops.logical_not(finite_all), "float32")))
+        updates.append((self.member_iterations, iterations + ops.cast(active_all, "int32")))
+        for name, state in self._states.items():
+            updates.append((state, ops.where(updated_all, new_states[name], states[name])))
+        if dynamic:
+            updates.extend(self._scale_updates(finite_all, scale_grad))
+        return updates
+
+    def _variable_index(self, variable, index):
+        k = index.get(id(variable))
+        if k is None:
+            raise ValueError(
+                f"Variable {variable.path} was not given to this optimizer when it was built."
+            )
+        return k
+
+    def _group_step(self, group, ids, members, mask, iterations, steps, rates, divisor, states):
+        """One group's update; returns its updates and per-member flags (k,) and state."""
+        k = len(ids)
+        take = [int(i) for i in ids]
+        grads = []
+        for _, g, v in members:
+            g = ops.cast(g, v.dtype)
+            grads.append(g / ops.reshape(ops.take(divisor, take), (k,) + (1,) * (len(g.shape) - 1)))
+        finite = ops.ones((k,), dtype="bool")
         for g in grads:
             finite = ops.logical_and(
                 finite, ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
             )
-        active = ops.logical_and(ops.convert_to_tensor(self.member_mask) > 0.5, finite)
-        steps = ops.cast(ops.convert_to_tensor(self.member_iterations) + 1, "float32")
-        return self._clip(grads), active, finite, self._learning_rates(), steps
-
-    def _update_bookkeeping(self, nonfinite, member_iterations, active, finite):
-        nonfinite.assign(ops.cast(ops.logical_not(finite), "float32"))
-        member_iterations.assign_add(ops.cast(active, "int32"))
-
-    def _update_variable(self, variable, g, active, finite, rates, steps, index):
-        """Member i's optimizer step on slice i of `variable`, for every active member."""
-        rank = len(variable.shape)
-        shape = (self.n_members,) + (1,) * (rank - 1)
-        lr = ops.cast(ops.reshape(rates, shape), variable.dtype)
-        old = ops.convert_to_tensor(variable)
-        value = old
-        decays = self._weight_decays
-        if any(w is not None for w in decays):
-            wd = self._per_member([w or 0.0 for w in decays], rank, variable.dtype)
-            value = value - value * wd * lr
-        h = {
-            name: self._per_member([hp[name] for hp in self._hypers], rank, variable.dtype)
-            for name in self._hypers[0]
-        }
-        slots = {name: self._slots[name][index] for name in self._slot_names}
-        old_slots = {name: ops.convert_to_tensor(s) for name, s in slots.items()}
-        new_value, new_slots = self._rule.update(
-            g, value, old_slots, h, lr, ops.cast(ops.reshape(steps, shape), variable.dtype)
+        active = ops.logical_and(ops.take(mask, take), finite)
+        accumulation = [self._settings[i].accumulation or 1 for i in ids]
+        is_update = ops.ones((k,), dtype="bool")
+        used = grads
+        accumulators = None
+        if any(a > 1 for a in accumulation):
+            period = ops.convert_to_tensor(np.asarray(accumulation, "int32"))
+            is_update = ops.equal((ops.take(iterations, take) + 1) % period, 0)
+            accumulators = [ops.convert_to_tensor(self._accumulators[kk]) for kk, _, _ in members]
+            divide = np.asarray(accumulation, "float32")
+            used = [
+                ops.where(
+                    self._per_member(np.asarray(accumulation) > 1, len(g.shape), "bool"),
+                    (g + acc) / self._per_member(divide, len(g.shape), g.dtype),
+                    g,
+                )
+                for g, acc in zip(grads, accumulators)
+            ]
+        used = self._clip(used, ids)
+        updated = ops.logical_and(active, is_update)
+        group_rates = ops.take(rates, take)
+        group_steps = ops.take(steps, take)
+        runs = self._group_runs[group]
+        run_states = []
+        group_states = {}
+        for rule, a, b in runs:
+            h = [self._settings[i].hyper for i in ids[a:b]]
+            step_r = group_steps[a:b]
+            hyper_1d = {
+                name: ops.convert_to_tensor(np.asarray([x[name] for x in h], "float32"))
+                for name in h[0]
+            }
+            current = {name: ops.take(states[name], take[a:b]) for name in rule.initial_state(h)}
+            advanced = rule.advance(current, hyper_1d, step_r) if current else {}
+            run_states.append(advanced)
+            for name, value in advanced.items():
+                previous = group_states.get(name, ops.take(states[name], take))
+                group_states[name] = ops.concatenate([previous[:a], value, previous[b:]], axis=0)
+        updates = []
+        for (kk, _, variable), g, raw in zip(members, used, grads):
+            rank = len(variable.shape)
+            shape = (k,) + (1,) * (rank - 1)
+            old = ops.convert_to_tensor(variable)
+            lr = ops.cast(ops.reshape(group_rates, shape), variable.dtype)
+            value = old
+            decays = [self._settings[i].weight_decay for i in ids]
+            if any(w is not None for w in decays):
+                wd = self._per_member([w or 0.0 for w in decays], rank, variable.dtype)
+                value = value - value * wd * lr
+            pieces = []
+            for r, (rule, a, b) in enumerate(runs):
+                h = [self._settings[i].hyper for i in ids[a:b]]
+                hyper = {
+                    name: self._per_member([x[name] for x in h], rank, variable.dtype)
+                    for name in h[0]
+                }
+                slot_names = list(rule.slots(h))
+                old_slots = {
+                    name: ops.convert_to_tensor(self._slots[(kk, r, name)]) for name in slot_names
+                }
+                state = {
+                    name: ops.cast(ops.reshape(s, (b - a,) + (1,) * (rank - 1)), variable.dtype)
+                    for name, s in run_states[r].items()
+                }
+                step = ops.cast(
+                    ops.reshape(group_steps[a:b], (b - a,) + (1,) * (rank - 1)), variable.dtype
+                )
+                new_value, new_slots = rule.update(
+                    g[a:b], value[a:b], old_slots, hyper, lr[a:b], step, state
+                )
+                pieces.append(new_value)
+                keep = ops.reshape(updated[a:b], (b - a,) + (1,) * (rank - 1))
+                for name in slot_names:
+                    updates.append(
+                        (
+                            self._slots[(kk, r, name)],
+                            ops.where(keep, new_slots[name], old_slots[name]),
+                        )
+                    )
+            new_value = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)
+            keep = ops.reshape(updated, shape)
+            updates.append((variable, ops.where(keep, new_value, old)))
+            if accumulators is not None:
+                acc = accumulators[[m[0] for m in members].index(kk)]
+                accumulate = ops.reshape(ops.logical_and(active, ops.logical_not(is_update)), shape)
+                reset = ops.reshape(updated, shape)
+                new_acc = ops.where(
+                    accumulate, acc + raw, ops.where(reset, ops.zeros_like(acc), acc)
+                )
+                updates.append((self._accumulators[kk], new_acc))
+        flags = (
+            [finite[j] for j in range(k)],
+            [active[j] for j in range(k)],
+            [updated[j] for j in range(k)],
         )
-        keep = ops.reshape(active, shape)
-        variable.assign(ops.where(keep, new_value, old))
-        for name, slot in slots.items():
-            slot.assign(ops.where(keep, new_slots[name], old_slots[name]))
+        return updates, *flags, group_states
 
-    def _member_slot_pairs(self, optimizers, variable_map):
-        """Yield `(member i, stacked slot, member slot)` for every slot both sides have."""
+    def _scale_updates(self, finite, scale_grad):
+        """The dynamic loss scales' update, as Keras's `LossScaleOptimizer` makes it."""
+        scale = ops.convert_to_tensor(self._loss_scale)
+        counter = ops.convert_to_tensor(self.scale_counter)
+        dynamic = np.asarray([s.dynamic_scale is not None for s in self._settings])
+        growth = np.asarray(
+            [s.dynamic_scale[1] if s.dynamic_scale else 1 for s in self._settings], "int32"
+        )
+        trained = ops.convert_to_tensor(dynamic)
+        if scale_grad is not None:
+            trained = ops.logical_and(trained, ops.isfinite(ops.convert_to_tensor(scale_grad)))
+        grow = ops.equal(counter, ops.convert_to_tensor(growth) - 1)
+        new_scale = ops.where(finite, ops.where(grow, scale * 2.0, scale), scale * 0.5)
+        new_counter = ops.where(finite, ops.where(grow, 0, counter + 1), 0)
+        return [
+            (self._loss_scale, ops.where(trained, new_scale, scale)),
+            (self.scale_counter, ops.where(trained, new_counter, counter)),
+        ]
+
+    # Members' own optimizers ---------------------------------------------------------
+
+    def _member_slot_pairs(self, optimizers, variable_map, member_ids):
+        """Yield `(position j, stacked slot row, member slot)` for every slot both sides have."""
         trainable = {id(fused): members for fused, members in variable_map}
-        for i, optimizer in enumerate(optimizers):
-            member_variables = [trainable[id(v)][i] for v in self._trainable_variables]
-            if not optimizer.built:
-                optimizer.build(member_variables)
-            member_slots = self._rule.member_slots(optimizer)
-            for name, slot_list in member_slots.items():
-                for fused, member_variable in zip(self._trainable_variables, member_variables):
-                    stacked = self._slots[name][self._get_variable_index(fused)]
-                    yield i, stacked, slot_list[optimizer._get_variable_index(member_variable)]
+        group = self._groups.index(tuple(member_ids))
+        for j, optimizer in enumerate(optimizers):
+            inner = inner_optimizer(optimizer)
+            fused_variables = [
+                (k, v) for k, v in enumerate(self._trainable_variables) if id(v) in trainable
+            ]
+            member_variables = [trainable[id(v)][j] for _, v in fused_variables]
+            run = next(r for r, (_, a, b) in enumerate(self._group_runs[group]) if a <= j < b)
+            start = self._group_runs[group][run][1]
+            for name, slot_list in self._settings[member_ids[j]].rule.member_slots(inner).items():
+                for (k, _), member_variable in zip(fused_variables, member_variables):
+                    stacked = self._slots.get((k, run, name))
+                    if stacked is not None:
+                        position = inner._get_variable_index(member_variable)
+                        yield j - start, stacked, slot_list[position]
+            if self._accumulators is not None and inner.gradient_accumulation_steps:
+                for (k, _), member_variable in zip(fused_variables, member_variables):
+                    position = inner._get_variable_index(member_variable)
+                    yield j, self._accumulators[k], inner._accumulated_gradients[position]
 
-    def _check_optimizers(self, optimizers):
+    def _check_optimizers(self, optimizers, variable_map, member_ids):
+        """The member optimizers, built on their variables, and the group's member ids."""
         optimizers = list(optimizers)
-        if len(optimizers) != self.n_members:
+        member_ids = tuple(range(self.n_members) if member_ids is None else member_ids)
+        if len(optimizers) != len(member_ids):
             raise ValueError(
                 f"Invalid value for argument `optimizers`: got {len(optimizers)} optimizers "
-                f"for {self.n_members} members. Pass one optimizer per member."
+                f"for {len(member_ids)} members. Pass one optimizer per member."
             )
         if not self.built:
             raise ValueError(
                 "The vectorized optimizer is not built yet. Call "
                 "`optimizer.build(fused_model.trainable_variables)` first."
             )
-        return optimizers
+        trainable = {id(fused): members for fused, members in variable_map}
+        for j, optimizer in enumerate(optimizers):
+            if not optimizer.built:
+                optimizer.build(
+                    [trainable[id(v)][j] for v in self._trainable_variables if id(v) in trainable]
+                )
+        return optimizers, member_ids
 
-    def write_state_to(self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map):
-        """Copy each member's step count and slots into that member's own optimizer.
+    def write_state_to(
+        self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map, member_ids=None
+    ):
+        """Copy each member's step count, rate and slots into that member's own optimizer.
 
         Build each member optimizer on `member.trainable_variables` beforehand if it must
         save and load with the member model; an unbuilt one is built on the member
         variables in the order of the stacked ones.
 
         Args:
-            optimizers: One Keras optimizer per member, of the classes this optimizer
-                was made from. Defaults to none (required).
+            optimizers: One Keras optimizer per member of `member_ids`, of the classes this
+                optimizer was made from. Defaults to none (required).
             variable_map: `FusedModel.member_variable_map(members)`: pairs of a stacked
-                variable and the N member variables it holds. Defaults to none (required).
+                variable and the member variables it holds. Defaults to none (required).
+            member_ids: The group's members, in slice order. Defaults to all members.
         """
-        optimizers = self._check_optimizers(optimizers)
+        optimizers, member_ids = self._check_optimizers(optimizers, variable_map, member_ids)
         steps = ops.convert_to_numpy(self.member_iterations)
-        for i, optimizer in enumerate(optimizers):
-            optimizer.iterations.assign(int(steps[i]))
-        for i, stacked, member_slot in self._member_slot_pairs(optimizers, variable_map):
-            member_slot.assign(ops.convert_to_numpy(stacked)[i])
+        rates = ops.convert_to_numpy(self.member_learning_rate)
+        states = {name: ops.convert_to_numpy(s) for name, s in self._states.items()}
+        for optimizer, i in zip(optimizers, member_ids):
+            inner = inner_optimizer(optimizer)
+            inner._iterations.assign(int(steps[i]))
+            if self._settings[i].schedule is None:
+                inner.learning_rate = float(rates[i])
+            for name, attribute in self._settings[i].rule.member_state.items():
+                getattr(inner, attribute).assign(states[name][i])
+            if optimizer is not inner and self._loss_scale is not None:
+                optimizer.dynamic_scale.assign(ops.convert_to_numpy(self._loss_scale)[i])
+                optimizer.step_counter.assign(int(ops.convert_to_numpy(self.scale_counter)[i]))
+        for j, stacked, member_slot in self._member_slot_pairs(
+            optimizers, variable_map, member_ids
+        ):
+            member_slot.assign(ops.convert_to_numpy(stacked)[j])
 
-    def read_state_from(self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map):
-        """Load each member optimizer's step count and slots into its slices.
+    def read_state_from(
+        self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map, member_ids=None
+    ):
+        """Load each member optimizer's step count, rate and slots into its slices.
 
         Args:
-            optimizers: One Keras optimizer per member. Defaults to none (required).
+            optimizers: One Keras optimizer per member of `member_ids`. Defaults to none
+                (required).
             variable_map: `FusedModel.member_variable_map(members)`. Defaults to none
                 (required).
+            member_ids: The group's members, in slice order. Defaults to all members.
         """
-        optimizers = self._check_optimizers(optimizers)
-        steps = [int(ops.convert_to_numpy(o.iterations)) for o in optimizers]
-        self.member_iterations.assign(np.asarray(steps, dtype="int32"))
+        optimizers, member_ids = self._check_optimizers(optimizers, variable_map, member_ids)
+        steps = ops.convert_to_numpy(self.member_iterations).copy()
+        rates = ops.convert_to_numpy(self.member_learning_rate).copy()
+        for optimizer, i in zip(optimizers, member_ids):
+            inner = inner_optimizer(optimizer)
+            steps[i] = int(ops.convert_to_numpy(inner._iterations))
+            if self._settings[i].schedule is None:
+                rates[i] = float(ops.convert_to_numpy(inner.learning_rate))
+            for name, attribute in self._settings[i].rule.member_state.items():
+                value = ops.convert_to_numpy(self._states[name]).copy()
+                value[i] = float(ops.convert_to_numpy(getattr(inner, attribute)))
+                self._states[name].assign(value)
+        self.member_iterations.assign(steps.astype("int32"))
+        self.member_learning_rate.assign(rates.astype("float32"))
         updates = {}
-        for i, stacked, member_slot in self._member_slot_pairs(optimizers, variable_map):
-            value = updates.setdefault(id(stacked), (stacked, ops.convert_to_numpy(stacked)))[1]
-            value[i] = ops.convert_to_numpy(member_slot)
+        for j, stacked, member_slot in self._member_slot_pairs(
+            optimizers, variable_map, member_ids
+        ):
+            value = updates.setdefault(id(stacked), (stacked, ops.convert_to_numpy(stacked).copy()))
+            value[1][j] = ops.convert_to_numpy(member_slot)
         for stacked, value in updates.values():
             stacked.assign(value)
 
     def get_config(self):
-        return {"name": self.name, "optimizers": self._member_configs}
+        return {"name": self.name, "optimizers": self._member_configs, "groups": self._groups}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

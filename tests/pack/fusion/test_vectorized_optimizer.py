@@ -5,7 +5,19 @@ import numpy as np
 import pytest
 from fusion_models import mlp
 from keras import ops
-from keras.optimizers import SGD, Adagrad, Adam, AdamW, RMSprop
+from keras.optimizers import (
+    SGD,
+    Adadelta,
+    Adagrad,
+    Adam,
+    Adamax,
+    AdamW,
+    Ftrl,
+    Lamb,
+    Lion,
+    Nadam,
+    RMSprop,
+)
 from keras.optimizers.schedules import ExponentialDecay, PiecewiseConstantDecay
 
 from keras_gpushare.pack.fusion import VectorizedOptimizer, build_fused_model
@@ -35,6 +47,26 @@ CASES = {
         Adam(1e-2, global_clipnorm=0.3),
         Adam(1e-2, clipvalue=0.1),
     ],
+    "nadam_adamax_lion": lambda: [
+        Nadam(1e-2),
+        Adamax(2e-2, beta_1=0.8),
+        Lion(1e-3, beta_1=0.8, beta_2=0.95),
+    ],
+    "lamb_adadelta_ftrl": lambda: [
+        Lamb(1e-2),
+        Adadelta(0.5, rho=0.9),
+        Ftrl(0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.02, beta=0.1),
+    ],
+    "families_interleaved": lambda: [
+        Adam(1e-2),
+        SGD(0.05, momentum=0.9),
+        Adam(3e-3, amsgrad=True),
+    ],
+    "accumulation_and_fixed_scale": lambda: [
+        Adam(1e-2, gradient_accumulation_steps=2),
+        SGD(0.1, loss_scale_factor=4.0),
+        Nadam(1e-2, gradient_accumulation_steps=3),
+    ],
     "schedules_and_decay": lambda: [
         SGD(ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5), momentum=0.5),
         SGD(0.05, weight_decay=0.01),
@@ -45,7 +77,7 @@ CASES = {
 
 def _grads(seed, n=3):
     rng = np.random.default_rng(seed)
-    return [rng.normal(size=(n, *shape)).astype("float32") for shape in SHAPES]
+    return [ops.convert_to_tensor(rng.normal(size=(n, *shape)), "float32") for shape in SHAPES]
 
 
 def _setup(optimizers):
@@ -82,7 +114,7 @@ def test_steps_match_member_optimizers(case):
     fresh = CASES[case]()
     vectorized.write_state_to(fresh, _pairs(stacked, members))
     for optimizer, reference in zip(fresh, own):
-        assert int(np.asarray(optimizer.iterations)) == STEPS
+        assert int(np.asarray(optimizer.iterations)) == int(np.asarray(reference.iterations))
         for a, b in zip(optimizer.variables, reference.variables):
             if a.path.endswith("learning_rate"):
                 continue
@@ -112,7 +144,7 @@ def test_masked_and_nonfinite_members_are_unchanged():
     vectorized.apply(_grads(0), stacked)
     before = [np.asarray(v).copy() for v in stacked + vectorized.variables]
     vectorized.member_mask.assign(np.asarray([1.0, 0.0, 1.0], "float32"))
-    grads = _grads(1)
+    grads = [np.array(g) for g in _grads(1)]
     grads[1][2, 0] = np.nan
     vectorized.apply(grads, stacked)
     np.testing.assert_array_equal(np.asarray(vectorized.nonfinite), [0.0, 0.0, 1.0])
@@ -139,19 +171,23 @@ def test_masked_and_nonfinite_members_are_unchanged():
 
 
 def test_unsupported_optimizers_are_named():
-    with pytest.raises(ValueError, match="Member 1's optimizer `Adadelta` has no vectorized"):
-        VectorizedOptimizer([SGD(), keras.optimizers.Adadelta()])
-    with pytest.raises(ValueError, match="Member 1's optimizer `SGD` is of family SGD"):
-        VectorizedOptimizer([Adam(), SGD()])
+    with pytest.raises(ValueError, match="Member 1's optimizer `Muon` has no vectorized"):
+        VectorizedOptimizer([SGD(), keras.optimizers.Muon()])
     with pytest.raises(ValueError, match="Member 0's optimizer sets `use_ema=True`"):
         VectorizedOptimizer([Adam(use_ema=True)])
+
+    class OwnAdam(Adam):
+        pass
+
+    with pytest.raises(ValueError, match="Member 0's optimizer `OwnAdam` has no vectorized"):
+        VectorizedOptimizer([OwnAdam()])
 
 
 def test_serialization_round_trip():
     vectorized = VectorizedOptimizer(CASES["schedules_and_decay"]())
     restored = VectorizedOptimizer.from_config(vectorized.get_config())
     assert restored.n_members == 3
-    assert isinstance(restored._schedules[0], ExponentialDecay)
+    assert isinstance(restored.member_schedule(0), ExponentialDecay)
 
 
 def _train_members(members, x, y, steps):
@@ -208,7 +244,7 @@ def test_stateless_apply_under_jax():
     vectorized.build(stacked)
     vectorized.member_mask.assign(np.asarray([1.0, 1.0, 0.0], "float32"))
     own = CASES["adam"]()
-    grads = _grads(0)
+    grads = [np.array(g) for g in _grads(0)]
     grads[0][0, 0] = np.inf
 
     @jax.jit

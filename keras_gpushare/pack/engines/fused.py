@@ -1,0 +1,364 @@
+"""The fused engine: a group of members computed as one model with stacked weights.
+
+The members are fused into a `FusedModel` (every weight with a leading member axis) and
+updated by the pack's `VectorizedOptimizer`, both driven by Keras's own training step on
+every backend. The pack's loss is the sum of the members' own compiled losses, so member
+`j`'s slice of every stacked weight gets exactly member `j`'s gradient. A member that is not
+active (frozen, stopped) gets a non-finite gradient on purpose: the vectorized optimizer never
+applies one, so that member's weights, optimizer slots and step count stay as they are, with
+no extra state that a stateless (JAX) step would have to carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+from keras import ops, tree
+from keras.src.losses.loss import unscale_loss_for_distribution
+from keras.src.losses.losses import LossFunctionWrapper
+
+from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack import replicas
+from keras_gpushare.pack.engines.base import Engine, EngineOptions, MemberFigures
+from keras_gpushare.pack.fusion import build_fused_model
+from keras_gpushare.pack.members import ACTIVE
+
+
+class StackedMean(keras.metrics.Metric):
+    """N running means at once, one per member, in two stacked variables.
+
+    The fused engine keeps every member's loss and shared metrics this way: a few vector
+    operations a step instead of N small metric updates.
+    """
+
+    def __init__(self, n_members: int, name: str = "stacked_mean", **kwargs: Any) -> None:
+        super().__init__(name=name, **kwargs)
+        self.n_members = n_members
+        self.total = self.add_variable((n_members,), initializer="zeros", name="total")
+        self.count = self.add_variable((n_members,), initializer="zeros", name="count")
+
+    def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        values = ops.cast(values, self.dtype)
+        weight = ops.ones_like(values) if sample_weight is None else sample_weight
+        weight = ops.cast(weight, self.dtype)
+        self.total.assign_add(values * weight)
+        self.count.assign_add(weight)
+
+    def result(self) -> Any:
+        count = ops.convert_to_tensor(self.count)
+        mean = ops.convert_to_tensor(self.total) / ops.maximum(count, 1e-12)
+        return ops.where(count > 0, mean, float("nan"))
+
+    def get_config(self) -> dict:
+        return {"n_members": self.n_members, "name": self.name}
+
+
+def _split(outputs: Any, n: int) -> list:
+    """Member `j`'s outputs (slice `j` of every stacked leaf) for each member."""
+    return [tree.map_structure(lambda t, j=j: t[j], outputs) for j in range(n)]
+
+
+def _stacked(y_pred: Any) -> Any:
+    """The stacked single output `(N, B, ...)` from a per-member list or the stacked output."""
+    if isinstance(y_pred, list):
+        return ops.stack([tree.flatten(p)[0] for p in y_pred])
+    return tree.flatten(y_pred)[0]
+
+
+def _batch_size(x: Any) -> Any:
+    return ops.shape(tree.flatten(x)[0])[0]
+
+
+def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> Any:
+    """One loss object computing every member's loss at once, or None.
+
+    That holds when every member has one output and the same loss (same configuration, the
+    default reduction) and no loss weights: then one call on the stacked predictions gives
+    the N losses, instead of N small loss computations in the step.
+    """
+    if any(args.get("loss_weights") is not None for args in compile_args):
+        return None
+    if any(data_lib.output_count(m) != 1 for m in members):
+        return None
+    specs = [keras.saving.serialize_keras_object(args["loss"]) for args in compile_args]
+    if any(spec != specs[0] for spec in specs):
+        return None
+    loss = keras.losses.get(compile_args[0]["loss"])
+    if not isinstance(loss, keras.losses.Loss):
+        loss = LossFunctionWrapper(loss)
+    if getattr(loss, "reduction", None) != "sum_over_batch_size":
+        return None
+    return loss
+
+
+def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+    """Every member's loss, shape (N,), from one call on the stacked predictions."""
+    stacked = _stacked(y_pred)
+    y = tree.flatten(y)[0]
+    y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
+    values = ops.cast(loss.call(y, stacked), "float32")
+    if sample_weight is not None:
+        weight = ops.cast(tree.flatten(sample_weight)[0], "float32")
+        while len(weight.shape) + 1 < len(values.shape):
+            weight = ops.expand_dims(weight, -1)
+        while len(weight.shape) + 1 > len(values.shape):
+            weight = ops.squeeze(weight, -1)
+        values = values * weight
+    axes = tuple(range(1, len(values.shape)))
+    return ops.sum(values, axis=axes) / ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
+
+
+class FusedEngine(Engine):
+    """Members of one architecture as one `FusedModel`, updated by the pack's optimizer.
+
+    Args:
+        members: the member models, in `member_ids` order.
+        member_ids: each member's position in the pack.
+        options: the pack's `EngineOptions`.
+    """
+
+    kind = "fused"
+
+    def __init__(
+        self, members: Sequence[keras.Model], member_ids: Sequence[int], options: EngineOptions
+    ) -> None:
+        super().__init__(members, member_ids, options)
+        self.fused = build_fused_model(self.members)
+        self.loss_state = StackedMean(len(self.members), name="member_loss")
+        self.metric_states: dict[str, StackedMean] = {}
+        self._one_loss = None
+
+    def keras_objects(self) -> list:
+        return [self.fused]
+
+    @property
+    def metrics(self) -> list:
+        result = [self.loss_state, *self.metric_states.values()]
+        for member in self.members:
+            if member._compile_metrics is not None:
+                result.append(member._compile_metrics)
+            if member._compile_loss is not None:
+                result.extend(member._compile_loss.metrics)
+        return result
+
+    def configure(self, compile_args: Sequence[dict]) -> None:
+        self._one_loss = _one_loss_for_all(self.members, compile_args)
+
+    def supports_jit(self) -> bool:
+        from keras.src.trainers.trainer import model_supports_jit
+
+        return model_supports_jit(self.fused)
+
+    # Forward ---------------------------------------------------------------------------
+
+    def call(self, inputs: Any, training: bool | None = None, active: Any = None) -> Any:
+        """The group's raw outputs; `active` (k,) keeps inactive members' layer state.
+
+        A member that does not train (stopped, frozen) keeps its slice of the state a
+        training call updates (BatchNormalization's moving statistics).
+        """
+        kept = []
+        if training and active is not None:
+            for layer in self.fused.graph.layers:
+                for name in getattr(layer, "member_state", ()):
+                    variable = getattr(layer, name)
+                    # A copy: on TensorFlow a variable converts to a handle read later.
+                    kept.append((variable, ops.copy(variable)))
+        outputs = self.fused(inputs, training=training)
+        for variable, before in kept:
+            keep = ops.reshape(active, (len(self.members),) + (1,) * (len(before.shape) - 1))
+            variable.assign(ops.where(keep, ops.convert_to_tensor(variable), before))
+        if training and self._one_loss is not None:
+            # One output, one loss: the training step reads the stacked output directly;
+            # N slices stacked back together would cost N full-size gradient terms.
+            return tree.flatten(outputs)[0]
+        return _split(outputs, len(self.members))
+
+    def member_outputs(self, raw: Any) -> list:
+        return raw if isinstance(raw, list) else _split(raw, len(self.members))
+
+    # Loss and metrics --------------------------------------------------------------------
+
+    def _targets(self, y: Any, sample_weight: Any) -> list:
+        targets = data_lib.member_targets(y, sample_weight, self.options.output_counts)
+        return [targets[i] for i in self.member_ids]
+
+    def _labels_shared(self, y: Any) -> bool:
+        return not data_lib.labels_per_member(y, self.options.output_counts)
+
+    def _member_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+        """Every member's loss on this replica's batch, shape (k,), not scaled for replicas."""
+        loss = self._one_loss if self._labels_shared(y) else None
+        if loss is not None and (sample_weight is None or not tree.is_nested(sample_weight)):
+            return _stacked_losses(loss, y, y_pred, sample_weight)
+        y_pred = self.member_outputs(y_pred)
+        losses = []
+        for j, (member, (yj, swj)) in enumerate(zip(self.members, self._targets(y, sample_weight))):
+            value = member._compile_loss(yj, y_pred[j], swj)
+            losses.append(ops.cast(unscale_loss_for_distribution(value), "float32"))
+        return ops.stack(losses)
+
+    def loss(
+        self, x: Any, y: Any, y_pred: Any, sample_weight: Any, status: Any, training: bool
+    ) -> tuple[Any, Any]:
+        """This group's member losses to sum, and which members to freeze.
+
+        Every member's loss goes into the group's stacked loss state. In training, a member
+        that is not active gets a NaN factor on its loss, hence a non-finite gradient that
+        the vectorized optimizer never applies, and a member whose loss is not finite (on
+        any replica, under a `tf.distribute` strategy) is to be frozen.
+
+        Returns:
+            `(losses, freeze)`: the (k,) losses whose sum the pack differentiates, and a
+            boolean (k,) vector (all false outside training or with `on_nan="ignore"`).
+        """
+        losses = self._member_losses(y, y_pred, sample_weight)
+        batch = ops.cast(_batch_size(x), "float32")
+        if not training:
+            self.loss_state.update_state(losses, ops.ones_like(losses) * batch)
+            return losses, ops.zeros(losses.shape, dtype="bool")
+        active = ops.equal(status, ACTIVE)
+        finite = ops.isfinite(losses)
+        ok = ops.logical_and(active, finite)
+        self.loss_state.update_state(
+            ops.where(ok, losses, 0.0), ops.where(ok, batch, 0.0) * ops.ones_like(losses)
+        )
+        freeze = ops.zeros(losses.shape, dtype="bool")
+        if self.options.on_nan == "freeze":
+            freeze = ops.logical_and(active, replicas.any_replica(ops.logical_not(finite)))
+        return losses * ops.where(active, 1.0, float("nan")), freeze
+
+    def read_optimizer_state(self, optimizer: Any) -> None:
+        """Loads the members' own optimizer state (a member trained before) into `optimizer`."""
+        optimizer.read_state_from(
+            [m.optimizer for m in self.members],
+            self.fused.member_variable_map(self.members),
+            self.member_ids,
+        )
+
+    def learning_rate_handle(self, j: int, optimizer: Any) -> Any:
+        return optimizer.optimizers[self.member_ids[j]]
+
+    def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
+        """Updates every member's compiled metrics.
+
+        Unweighted mean-of-a-function metrics (accuracy, MAE, ...) that every member has
+        alike, on single-output members with shared labels, are computed for all members at
+        once on the stacked predictions into stacked state (they ignore sample weights, as
+        Keras's `metrics=` do); other metrics member by member.
+        """
+        targets = self._targets(y, sample_weight)
+        member_preds = self.member_outputs(y_pred)
+        for member, (yj, _), pred in zip(self.members, targets, member_preds):
+            if member._compile_metrics is not None and not member._compile_metrics.built:
+                member._compile_metrics.build(yj, pred)
+        columns = self._shared_metric_columns(y)
+        if columns is not None:
+            self._update_shared_metrics(columns, y, y_pred)
+            return
+        for member, (yj, swj), pred in zip(self.members, targets, member_preds):
+            if member._compile_metrics is not None:
+                member._compile_metrics.update_state(yj, pred, swj)
+
+    def _shared_metric_columns(self, y: Any) -> list | None:
+        """Per metric, the members' metric objects, when they can be computed stacked."""
+        if not self._labels_shared(y):
+            return None
+        if any(data_lib.output_count(m) != 1 for m in self.members):
+            return None
+        compiled = [m._compile_metrics for m in self.members]
+        if any(c is None for c in compiled):
+            return None if any(c is not None for c in compiled) else []
+        per_member = [list(c.metrics) for c in compiled]
+        if any(any(w is not None for w in c._flat_weighted_metrics) for c in compiled) or any(
+            len(m) != len(per_member[0]) for m in per_member
+        ):
+            return None
+        columns = []
+        for k, first in enumerate(per_member[0]):
+            column = [m[k] for m in per_member]
+            if not isinstance(first, keras.metrics.MeanMetricWrapper) or any(
+                type(m) is not type(first) or m.get_config() != first.get_config() for m in column
+            ):
+                return None
+            columns.append(column)
+        return columns
+
+    def _update_shared_metrics(self, columns: list, y: Any, y_pred: Any) -> None:
+        stacked = _stacked(y_pred)
+        y = tree.flatten(y)[0]
+        y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
+        for column in columns:
+            first = column[0]
+            values = ops.cast(first._fn(y, stacked, **first._fn_kwargs), "float32")
+            axes = tuple(range(1, len(values.shape)))
+            count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
+            state = self._metric_state(first.name)
+            state.update_state(ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count)
+
+    def _metric_state(self, name: str) -> StackedMean:
+        """The stacked state of the shared metric `name`, made on first use."""
+        state = self.metric_states.get(name)
+        if state is None:
+            state = StackedMean(len(self.members), name=f"member_{name}")
+            self.metric_states[name] = state
+        return state
+
+    def build_metric_states(self, y: Any) -> None:
+        """Makes the shared metrics' stacked state before the first step.
+
+        Without a strategy the first trace of the step may make it; under a `tf.distribute`
+        strategy variables must exist before the step runs on the replicas.
+        """
+        for column in self._shared_metric_columns(y) or []:
+            self._metric_state(column[0].name)
+
+    def figures(self) -> list[MemberFigures]:
+        losses = self.loss_state.result()
+        ran = ops.greater(ops.convert_to_tensor(self.loss_state.count), 0)
+        shared = {name: state.result() for name, state in self.metric_states.items()}
+        result = []
+        for j, member in enumerate(self.members):
+            if shared:
+                items = {name: value[j] for name, value in shared.items()}
+            elif member._compile_metrics is not None:
+                items = dict(member._compile_metrics.result())
+            else:
+                items = {}
+            if member._compile_loss is not None:
+                for tracker in member._compile_loss.metrics:
+                    items[tracker.name] = tracker.result()
+            result.append(MemberFigures(losses[j], ran[j], items))
+        return result
+
+    # Members -----------------------------------------------------------------------------
+
+    def sync_members(self, optimizer: Any = None) -> None:
+        self.fused.write_to_members(self.members)
+        if optimizer is None or not optimizer.built:
+            return
+        for member in self.members:
+            if member.optimizer is not None and not member.optimizer.built:
+                member.optimizer.build(member.trainable_variables)
+        optimizer.write_state_to(
+            [m.optimizer for m in self.members],
+            self.fused.member_variable_map(self.members),
+            self.member_ids,
+        )
+
+    def get_member_weights(self, j: int) -> list:
+        member = self.members[j]
+        by_id = {}
+        for fused_variable, member_variables in self.fused.member_variable_map(self.members):
+            by_id[id(member_variables[j])] = fused_variable
+        return [ops.convert_to_numpy(by_id[id(v)])[j] for v in member.weights]
+
+    def set_member_weights(self, j: int, weights: list) -> None:
+        member = self.members[j]
+        member.set_weights(weights)
+        for fused_variable, member_variables in self.fused.member_variable_map(self.members):
+            value = ops.convert_to_numpy(fused_variable).copy()
+            value[j] = ops.convert_to_numpy(member_variables[j])
+            fused_variable.assign(value)

@@ -1,0 +1,144 @@
+"""Which engine trains which members: fused groups, and the graph engine for the rest.
+
+`fuse="auto"` puts members that can be computed together into fused groups (one stacked
+model each) and leaves only what fuses with nothing to the graph engine (TensorFlow), all
+trained in one step. The plan and why each member landed where it did is the pack's
+`fusion_report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
+from keras_gpushare.pack.fusion import fusion_report
+from keras_gpushare.pack.fusion.converter import fusion_signature
+
+
+@dataclasses.dataclass
+class EnginePlan:
+    """The pack's engines: fused groups of member indices, and the graph engine's members.
+
+    Attributes:
+        groups: each fused group's members, in their order in the stacked weights.
+        graph: the members the graph engine trains.
+        reports: one `FusionReport` per fused group.
+        reasons: why each graph member is not fused (a sentence per member index).
+    """
+
+    groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    graph: tuple[int, ...] = ()
+    reports: list[Any] = dataclasses.field(default_factory=list)
+    reasons: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        n = sum(len(g) for g in self.groups) + len(self.graph)
+        parts = []
+        if self.groups:
+            parts.append(f"{len(self.groups)} fused group{'s' if len(self.groups) > 1 else ''}")
+        if self.graph:
+            parts.append(f"{len(self.graph)} on the graph engine")
+        lines = [f"ModelPack plan for {n} members: {', '.join(parts)}."]
+        for k, (group, report) in enumerate(zip(self.groups, self.reports)):
+            members = ", ".join(str(i) for i in group)
+            lines.append(f"group {k} (fused): members {members}")
+            lines.extend("  " + line for line in str(report).splitlines())
+        for i in self.graph:
+            lines.append(f"member {i} on the graph engine: {self.reasons.get(i, 'fuse=False')}")
+        return "\n".join(lines)
+
+
+def plan_engines(
+    members: Sequence[keras.Model],
+    fuse: str | bool,
+    data: str,
+    groups: Sequence[Sequence[int]] | None = None,
+) -> EnginePlan:
+    """Plans the engines for `members`.
+
+    Args:
+        members: the pack's members.
+        fuse: `"auto"`, `True` (every member must fuse) or `False` (graph engine only).
+        data: the pack's data mode; `"shard"` trains on the graph engine.
+        groups: fused groups given explicitly (a pack read back from a file keeps its
+            saved plan); the other members go to the graph engine.
+
+    Raises:
+        ValueError: with `fuse=True` when some member cannot fuse, or when members need the
+            graph engine on a backend other than TensorFlow.
+    """
+    n = len(members)
+    tensorflow = keras.backend.backend() == "tensorflow"
+    plan = EnginePlan()
+    if groups is not None:
+        plan.groups = [tuple(g) for g in groups]
+        plan.reports = [fusion_report([members[i] for i in g]) for g in plan.groups]
+        grouped = {i for g in plan.groups for i in g}
+        plan.graph = tuple(i for i in range(n) if i not in grouped)
+    elif fuse is False:
+        plan.graph = tuple(range(n))
+        plan.reasons = {i: "fuse=False." for i in range(n)}
+    elif not all(m.built for m in members):
+        plan.graph = tuple(range(n))
+        reason = "some members are not built yet; give them a keras.Input."
+        plan.reasons = {i: reason for i in range(n)}
+    elif data != "replicate":
+        plan.graph = tuple(range(n))
+        plan.reasons = {i: f'data="{data}" runs on the graph engine.' for i in range(n)}
+    else:
+        _group(members, plan, alone_on_graph=tensorflow and fuse == "auto")
+    if fuse is True and plan.graph:
+        reasons = "; ".join(f"member {i}: {plan.reasons[i]}" for i in plan.graph)
+        raise ValueError(f"Invalid value for argument `fuse`: True, but {reasons}\n{plan}")
+    if plan.graph and not tensorflow:
+        raise ValueError(
+            "The graph engine needs the TensorFlow backend (KERAS_BACKEND is "
+            f"{keras.backend.backend()!r}); on other backends every member must fuse.\n{plan}"
+        )
+    return plan
+
+
+def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: bool) -> None:
+    """Fills `plan` with fused groups of members that fuse together, and the rest."""
+    classes: dict[Any, list[int]] = {}
+    for i, member in enumerate(members):
+        signature = fusion_signature(member)
+        key = ("alone", i) if signature is None else signature
+        classes.setdefault(key, []).append(i)
+    graph = []
+    for ids in classes.values():
+        report = fusion_report([members[i] for i in ids])
+        if not report.fusable:
+            reason = _first_reason(report, ids)
+            graph.extend(ids)
+            plan.reasons.update({i: reason for i in ids})
+        elif len(ids) == 1 and alone_on_graph:
+            graph.extend(ids)
+            plan.reasons[ids[0]] = (
+                "it fuses with no other member (fuse=True forces a fused group of one)."
+            )
+        else:
+            plan.groups.append(tuple(ids))
+            plan.reports.append(report)
+    plan.graph = tuple(sorted(graph))
+
+
+def _first_reason(report: Any, ids: Sequence[int]) -> str:
+    """The first reason a group's `FusionReport` gives, with the pack's member numbers."""
+    reason = "not fusable."
+    for problem in report.problems:
+        reason = f"{problem}."
+        break
+    else:
+        for verdict in report.layers:
+            if verdict.reason:
+                reason = f"layer `{verdict.name}` ({verdict.type}): {verdict.reason}."
+                break
+    reason = re.sub(r"member (\d+)", lambda m: f"member {ids[int(m.group(1))]}", reason)
+    if len(ids) == 1:
+        reason = reason.removeprefix(f"member {ids[0]}: ")
+    return reason
