@@ -1,6 +1,13 @@
 """The fused engine: N same-architecture models as one model with stacked weights."""
 
-from keras_gpushare.pack.fusion import layers_conv, layers_core, layers_norm
+from keras_gpushare.pack.fusion import (
+    layers_attention,
+    layers_conv,
+    layers_core,
+    layers_norm,
+    layers_recurrent,
+    layers_wrappers,
+)
 from keras_gpushare.pack.fusion.base import FusedLayer
 from keras_gpushare.pack.fusion.layers_core import FusedPerSample
 from keras_gpushare.pack.fusion.model import FusedModel, build_fused_model
@@ -9,6 +16,7 @@ from keras_gpushare.pack.fusion.registry import register_fused_layer
 from keras_gpushare.pack.fusion.report import FusionReport, fusion_report
 
 __all__ = [
+    "layers_attention",
     "FusedLayer",
     "FusedModel",
     "FusedPerSample",
@@ -18,6 +26,8 @@ __all__ = [
     "layers_conv",
     "layers_core",
     "layers_norm",
+    "layers_recurrent",
+    "layers_wrappers",
     "register_fused_layer",
     "VectorizedOptimizer",
 ]

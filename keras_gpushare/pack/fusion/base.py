@@ -36,6 +36,15 @@ class FusedLayer(keras.layers.Layer):
       training call updates (BatchNormalization's moving statistics). A member that is not
       training (stopped early, frozen) keeps its slice of them unchanged, as its own
       `fit` would have ended.
+    - `handles_masks` (class attribute, optional): set it to `True` when the fused form
+      computes what the member layer does with Keras masks (`Embedding(mask_zero=True)`,
+      `Masking`): it uses an incoming mask as the member does and `compute_mask` returns
+      the member's output mask in the fused layout (stacked when the output is stacked).
+      Members whose layer uses or makes a mask do not fuse otherwise.
+    - Other call arguments: the converter calls the fused layer as the member layer was
+      called, with the first argument positional and the others by name, so `call` takes
+      the member's argument names (`initial_state`, `key`, `attention_mask`, ...). Only the
+      first argument may arrive replicated; every other tensor argument is stacked.
 
     Args:
         n_members: Number of members N fused in this layer.
@@ -66,6 +75,7 @@ class FusedLayer(keras.layers.Layer):
     """
 
     per_member_keys = ()
+    handles_masks = False
     member_state = ()
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
@@ -128,6 +138,20 @@ class FusedLayer(keras.layers.Layer):
         flags = self.stacked_flags(inputs)
         flat = [x if stacked else self.stack(x) for x, stacked in zip(flat, flags)]
         return keras.tree.pack_sequence_as(inputs, flat)
+
+    def stacked_mask(self, mask, stacked=None):
+        """A mask in the stacked layout: replicated masks broadcast to the member axis.
+
+        Args:
+            mask: A mask (or structure of masks, `None` leaves allowed) belonging to an
+                input whose layout `stacked` gives. Defaults to none (required).
+            stacked: Whether that input is stacked; `None` reads the first input's flag.
+                Defaults to `None`.
+        """
+        stacked = self.input_is_stacked() if stacked is None else stacked
+        if stacked:
+            return mask
+        return keras.tree.map_structure(lambda m: None if m is None else self.stack(m), mask)
 
     def member_broadcast(self, value, rank):
         """Reshape a `(N, *s)` weight to broadcast against a rank-`rank` stacked tensor.

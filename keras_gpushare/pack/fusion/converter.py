@@ -1,10 +1,12 @@
 """Walk members' Keras graphs, compare them layer by layer, build the fused graph."""
 
 import dataclasses
+import inspect
 
 import keras
+from keras.src.backend import KerasTensor
 
-from keras_gpushare.pack.fusion import registry
+from keras_gpushare.pack.fusion import _masks, registry
 from keras_gpushare.pack.fusion.layers_core import FusedBroadcast
 
 _IGNORED_KEYS = ("name", "seed")
@@ -40,9 +42,10 @@ def member_graph(model):
         return None, f"expected a `keras.Model`, got {type(model).__name__}"
     refs = {id(x): ("input", i) for i, x in enumerate(functional.inputs)}
     nodes, layers, seen = [], [], set()
+    mask_only = _masks.mask_only_nodes(functional)
     for depth in sorted(functional._nodes_by_depth, reverse=True):
         for node in functional._nodes_by_depth[depth]:
-            if not node.operation or node.is_input:
+            if not node.operation or node.is_input or id(node) in mask_only:
                 continue
             for j, out in enumerate(node.outputs):
                 refs[id(out)] = ("node", len(nodes), j)
@@ -51,6 +54,13 @@ def member_graph(model):
                 seen.add(id(node.operation))
                 layers.append(node.operation)
     return MemberGraph(functional, nodes, layers, refs), None
+
+
+def masked_outputs(functional):
+    """Names of the outputs of `functional` that carry a Keras mask."""
+    return [
+        x.name for x in keras.tree.flatten(functional.outputs) if _masks.keras_mask(x) is not None
+    ]
 
 
 def fusion_signature(model):
@@ -79,10 +89,12 @@ def comparable_config(config, per_member_keys=()):
     """A layer config without the keys that may differ across fusable members.
 
     The dtype policy is compared by name: a policy read back from a `.keras` file may be
-    serialized differently (shared-object references) while being the same policy.
+    serialized differently (shared-object references) while being the same policy. Layers
+    nested in a wrapper's config (`Bidirectional`, `TimeDistributed`) are compared the
+    same way.
     """
     result = {
-        key: value
+        key: _comparable_value(value)
         for key, value in config.items()
         if key not in _IGNORED_KEYS
         and key not in per_member_keys
@@ -91,6 +103,13 @@ def comparable_config(config, per_member_keys=()):
     if "dtype" in result:
         result["dtype"] = keras.DTypePolicy(_policy_name(result["dtype"])).name
     return result
+
+
+def _comparable_value(value):
+    """A nested serialized layer (`{"class_name": ..., "config": {...}}`) made comparable."""
+    if isinstance(value, dict) and "class_name" in value and isinstance(value.get("config"), dict):
+        return {**value, "config": comparable_config(value["config"])}
+    return value
 
 
 def _policy_name(dtype):
@@ -158,13 +177,64 @@ def layer_problem(layer, node, members_nodes, members_graphs):
         shapes = [tuple(w.shape) for w in layer.weights]
         if [tuple(w.shape) for w in other.operation.weights] != shapes:
             return f"weight shapes differ in member {i}", fused_class
-    args, kwargs = node.arguments.args, node.arguments.kwargs
-    extra = {k for k, v in kwargs.items() if k != "training" and v is not None}
-    if len(args) != 1 or extra:
-        return "called with extra arguments; fused layers take one input (and `training`)", (
-            fused_class
+    reason = call_problem(node, fused_class)
+    if reason:
+        return reason, fused_class
+    if _masks.touches_masks(node) and not fused_class.handles_masks:
+        return (
+            "uses or makes a Keras mask (from `Embedding(mask_zero=True)` or `Masking`); "
+            f"the fused form `{fused_class.__name__}` does not handle masks",
+            fused_class,
         )
     return None, fused_class
+
+
+def call_arguments(node):
+    """A member layer call as `(first, others)`, or `None` when it cannot be read.
+
+    `first` is the value of the call's first parameter (the input whose layout, stacked
+    or replicated, a fused layer is told), `others` the other arguments given, by name,
+    leaving out `None`s and the masks Keras fills in from the tensors' own masks.
+    """
+    try:
+        bound = inspect.signature(node.operation.call).bind(
+            *node.arguments.args, **node.arguments.kwargs
+        )
+    except (TypeError, ValueError):
+        return None
+    values = list(bound.arguments.items())
+    if not values:
+        return None
+    implicit = _masks.implicit_mask_kwargs(node)
+    others = {
+        name: value for name, value in values[1:] if value is not None and name not in implicit
+    }
+    return values[0][1], others
+
+
+def call_problem(node, fused_class):
+    """Why the fused form cannot be called as the member layer is, or `None`."""
+    explicit = _masks.explicit_masks(node)
+    if explicit:
+        return (
+            f"called with an explicit `{sorted(explicit)[0]}`; fused layers take the masks "
+            "Keras propagates (`Embedding(mask_zero=True)`, `Masking`), not masks passed by "
+            "hand"
+        )
+    arguments = call_arguments(node)
+    if arguments is None:
+        return "its call arguments do not match its `call` signature"
+    parameters = list(inspect.signature(fused_class.call).parameters.values())[1:]
+    names = {p.name for p in parameters}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    extra = sorted(name for name in arguments[1] if name not in names)
+    if extra:
+        return (
+            f"called with {', '.join(f'`{name}`' for name in extra)}, which the fused form "
+            f"`{fused_class.__name__}` does not take"
+        )
+    return None
 
 
 def build_graph(graphs, n_members, input_mode):
@@ -196,18 +266,32 @@ def build_graph(graphs, n_members, input_mode):
     uses = {}
     for node in graph.nodes:
         uses[id(node.operation)] = uses.get(id(node.operation), 0) + 1
+    broadcasts = {}
+
+    def stacked_tensor(x):
+        """The fused tensor for `x`, broadcast to the member axis if it is replicated."""
+        if stacked[id(x)]:
+            return tensors[id(x)]
+        if id(x) not in broadcasts:
+            broadcasts[id(x)] = FusedBroadcast(n_members, {})(tensors[id(x)])
+        return broadcasts[id(x)]
+
+    def fill(value, stack):
+        if not isinstance(value, KerasTensor):
+            return value
+        return stacked_tensor(value) if stack else tensors[id(value)]
+
     fused_layers, layer_index = {}, {}
     for k, node in enumerate(graph.nodes):
         layer = node.operation
-        if uses[id(layer)] > 1:
-            for x in node.input_tensors:
-                if not stacked[id(x)]:
-                    broadcast = FusedBroadcast(n_members, {})
-                    tensors[id(x)] = broadcast(tensors[id(x)])
-                    stacked[id(x)] = True
-        args, kwargs = node.arguments.fill_in(tensors)
-        kwargs = {k: v for k, v in kwargs.items() if k == "training"}
-        flags = [stacked[id(x)] for x in keras.tree.flatten(node.arguments.args[0])]
+        first, others = call_arguments(node)
+        shared = uses[id(layer)] > 1
+        # Only the first argument may stay replicated (the layer is told which of its
+        # tensors are); every other tensor argument is stacked.
+        inputs = keras.tree.map_structure(lambda x, stack=shared: fill(x, stack), first)
+        others = keras.tree.map_structure(lambda x: fill(x, True), others)
+        flat = [x for x in keras.tree.flatten(first) if isinstance(x, KerasTensor)]
+        flags = [shared or stacked[id(x)] for x in flat]
         fused = fused_layers.get(id(layer))
         if fused is None:
             fused_class = registry.fused_form(type(layer))
@@ -219,7 +303,7 @@ def build_graph(graphs, n_members, input_mode):
                 fused = fused_class.from_member(layer, n_members, stacked_flags)
             fused_layers[id(layer)] = fused
             layer_index[fused.name] = graph.layers.index(layer)
-        outputs = fused(*args, **kwargs)
+        outputs = fused(inputs, **others)
         for out, new in zip(node.outputs, keras.tree.flatten(outputs)):
             tensors[id(out)] = new
             stacked[id(out)] = fused.output_stacked

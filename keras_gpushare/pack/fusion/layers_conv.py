@@ -1,9 +1,10 @@
-"""Fused forms of Conv1D, Conv2D and DepthwiseConv2D."""
+"""Fused forms of Conv1D, Conv2D, their transposes, and DepthwiseConv2D."""
 
 import logging
 
 import keras
 from keras import ops
+from keras.src.backend.common.backend_utils import compute_conv_transpose_padding_args_for_jax
 
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion._checks import unsupported_options
@@ -122,28 +123,33 @@ class FusedConv(FusedLayer):
         if padding == "causal":
             x = self._causal_pad(x)
             padding = "valid"
-        if self._resolved_implementation() == "grouped":
-            y = self._grouped(x if stacked else self.stack(x), padding)
-        else:
-            y = self._patches(x, stacked, padding)
+        y = self._convolve(x, stacked, self.kernel, padding, self.strides, self.dilation_rate)
         if self.bias is not None:
             y = y + self.member_broadcast(self.bias, len(y.shape))
         return self.activation(y)
 
-    def _patches(self, x, stacked, padding):
+    def _convolve(self, x, stacked, kernel, padding, strides, dilation):
+        """Every member's convolution of `x` with its `(*kernel_size, C, filters)` kernel."""
+        if self._resolved_implementation() == "grouped":
+            return self._grouped(
+                x if stacked else self.stack(x), kernel, padding, strides, dilation
+            )
+        return self._patches(x, stacked, kernel, padding, strides, dilation)
+
+    def _patches(self, x, stacked, kernel, padding, strides, dilation):
         n, filters = self.n_members, self.filters
         images = fold(x) if stacked else x
         if self.rank == 1:
             images = ops.expand_dims(images, 1)
         size = (1, *self.kernel_size) if self.rank == 1 else self.kernel_size
-        strides = (1, *self.strides) if self.rank == 1 else self.strides
-        dilation = (1, *self.dilation_rate) if self.rank == 1 else self.dilation_rate
+        strides = (1, *strides) if self.rank == 1 else strides
+        dilation = (1, *dilation) if self.rank == 1 else dilation
         patches = ops.image.extract_patches(
             images, size, strides=strides, dilation_rate=dilation, padding=padding
         )
         spatial = ops.shape(patches)[1:-1] if self.rank == 2 else ops.shape(patches)[2:-1]
         depth = patches.shape[-1]
-        kernel = ops.reshape(self.kernel, (n, depth, filters))
+        kernel = ops.reshape(kernel, (n, depth, filters))
         if stacked:
             y = ops.matmul(ops.reshape(patches, (n, -1, depth)), kernel)
             return ops.reshape(y, (n, -1, *spatial, filters))
@@ -152,7 +158,7 @@ class FusedConv(FusedLayer):
         y = ops.transpose(ops.reshape(y, (-1, n, filters)), (1, 0, 2))
         return ops.reshape(y, (n, -1, *spatial, filters))
 
-    def _grouped(self, x, padding):
+    def _grouped(self, x, kernel, padding, strides, dilation):
         n = self.n_members
         r = self.rank
         shape = ops.shape(x)
@@ -160,11 +166,10 @@ class FusedConv(FusedLayer):
         perm = (*range(1, r + 2), 0, r + 2)
         x = ops.reshape(ops.transpose(x, perm), (-1, *shape[2:-1], n * shape[-1]))
         # (N, *k, C/g, F) -> (*k, C/g, N * F).
-        kernel = ops.transpose(self.kernel, (*range(1, r + 2), 0, r + 2))
-        kernel = ops.reshape(kernel, (*self.kernel_size, self.kernel.shape[-2], n * self.filters))
-        y = ops.conv(
-            x, kernel, strides=self.strides, padding=padding, dilation_rate=self.dilation_rate
-        )
+        depth = kernel.shape[-2]
+        kernel = ops.transpose(kernel, (*range(1, r + 2), 0, r + 2))
+        kernel = ops.reshape(kernel, (*self.kernel_size, depth, n * self.filters))
+        y = ops.conv(x, kernel, strides=strides, padding=padding, dilation_rate=dilation)
         out_shape = ops.shape(y)
         y = ops.reshape(y, (-1, *out_shape[1:-1], n, self.filters))
         return ops.transpose(y, (r + 1, 0, *range(1, r + 1), r + 2))
@@ -173,6 +178,102 @@ class FusedConv(FusedLayer):
         config = super().get_config()
         config["implementation"] = self.implementation
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedConvTranspose(FusedConv):
+    """N Conv1DTranspose or Conv2DTranspose layers computed together.
+
+    A transposed convolution is a convolution of the input with zeros inserted between
+    its elements (`strides - 1` of them), padded as Keras pads (the amounts Keras's JAX
+    backend computes for `padding` and `output_padding`), with the kernel flipped and its
+    two channel axes swapped. That convolution runs fused as in `FusedConv` (patches and
+    one batched matmul on CPU, grouped convolution on accelerators).
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `Conv1DTranspose`/`Conv2DTranspose` config. Defaults
+            to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        implementation: `"auto"`, `"patches"` or `"grouped"`. Defaults to `"auto"`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_conv import FusedConvTranspose
+
+    config = keras.layers.Conv2DTranspose(4, 3, strides=2, padding="same").get_config()
+    layer = FusedConvTranspose(n_members=2, member_config=config, input_stacked=False)
+    print(layer(keras.ops.ones((3, 5, 5, 1))).shape)  # (2, 3, 10, 10, 4)
+    ```
+    """
+
+    def __init__(
+        self, n_members, member_config, input_stacked=True, implementation="auto", **kwargs
+    ):
+        super().__init__(n_members, member_config, input_stacked, implementation, **kwargs)
+        output_padding = member_config.get("output_padding")
+        if isinstance(output_padding, int):
+            output_padding = (output_padding,) * self.rank
+        self.output_padding = None if output_padding is None else tuple(output_padding)
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.n_members, *self.kernel_size, self.filters, input_shape[-1]),
+            regularizer=_regularizer(self.member_config, "kernel_regularizer"),
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.n_members, self.filters),
+                initializer="zeros",
+                regularizer=_regularizer(self.member_config, "bias_regularizer"),
+            )
+
+    def call(self, inputs, training=None):
+        stacked = self.input_is_stacked()
+        first = 2 if stacked else 1
+        x = inputs
+        pads = compute_conv_transpose_padding_args_for_jax(
+            input_shape=(None, *([None] * self.rank), None),
+            kernel_shape=(*self.kernel_size, self.filters, None),
+            strides=self.strides,
+            padding=self.padding,
+            output_padding=self.output_padding,
+            dilation_rate=self.dilation_rate,
+        )
+        for i, stride in enumerate(self.strides):
+            x = _insert_zeros(x, first + i, stride)
+        lead = [[0, 0]] * first
+        x = ops.pad(x, [*lead, *[list(p) for p in pads], [0, 0]])
+        # (N, *k, filters, C): flip the window and swap the channel axes.
+        r = self.rank
+        kernel = ops.flip(self.kernel, axis=tuple(range(1, r + 1)))
+        kernel = ops.transpose(kernel, (*range(r + 1), r + 2, r + 1))
+        y = self._convolve(x, stacked, kernel, "valid", (1,) * r, self.dilation_rate)
+        if self.bias is not None:
+            y = y + self.member_broadcast(self.bias, len(y.shape))
+        return self.activation(y)
+
+
+def _insert_zeros(x, axis, stride):
+    """`stride - 1` zeros between the elements of `x` along `axis`."""
+    if stride == 1:
+        return x
+    shape = ops.shape(x)
+    length = shape[axis]
+    x = ops.expand_dims(x, axis + 1)
+    pads = [[0, 0]] * len(x.shape)
+    pads[axis + 1] = [0, stride - 1]
+    x = ops.pad(x, pads)
+    x = ops.reshape(x, (*shape[:axis], length * stride, *shape[axis + 1 :]))
+    keep = [slice(None)] * len(x.shape)
+    keep[axis] = slice(0, (length - 1) * stride + 1)
+    return x[tuple(keep)]
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -255,4 +356,6 @@ class FusedDepthwiseConv2D(FusedLayer):
 
 register_fused_layer(keras.layers.Conv2D)(FusedConv)
 register_fused_layer(keras.layers.Conv1D)(FusedConv)
+register_fused_layer(keras.layers.Conv2DTranspose)(FusedConvTranspose)
+register_fused_layer(keras.layers.Conv1DTranspose)(FusedConvTranspose)
 register_fused_layer(keras.layers.DepthwiseConv2D)(FusedDepthwiseConv2D)

@@ -35,6 +35,8 @@ class FusedDense(FusedLayer):
     ```
     """
 
+    handles_masks = True
+
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
         self.units = int(member_config["units"])
@@ -79,6 +81,9 @@ class FusedDense(FusedLayer):
             y = y + self.member_broadcast(self.bias, len(y.shape))
         return self.activation(y)
 
+    def compute_mask(self, inputs, mask=None):
+        return self.stacked_mask(mask)
+
 
 @register_fused_layer(keras.layers.Embedding)
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -87,7 +92,8 @@ class FusedEmbedding(FusedLayer):
 
     A replicated `(B, T)` index batch gathers from the `(N, V, D)` table along its
     vocabulary axis; a stacked `(N, B, T)` batch is offset by `n * V` into the
-    flattened `(N * V, D)` table, so both are one gather.
+    flattened `(N * V, D)` table, so both are one gather. With `mask_zero=True` the
+    output carries the mask `index != 0`, stacked `(N, B, T)` like the output.
 
     Args:
         n_members: Number of members. Defaults to none (required).
@@ -107,14 +113,17 @@ class FusedEmbedding(FusedLayer):
     ```
     """
 
+    handles_masks = True
+
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
         self.input_dim = int(member_config["input_dim"])
         self.output_dim = int(member_config["output_dim"])
+        self.mask_zero = bool(member_config.get("mask_zero", False))
 
     @classmethod
     def unsupported_reason(cls, member_config):
-        return unsupported_options(member_config, keys=("mask_zero", "sparse"))
+        return unsupported_options(member_config, keys=("sparse",))
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
@@ -133,6 +142,11 @@ class FusedEmbedding(FusedLayer):
         offsets = ops.reshape(offsets, (self.n_members,) + (1,) * (rank - 1))
         table = ops.reshape(self.embeddings, (-1, self.output_dim))
         return ops.take(table, inputs + offsets, axis=0)
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        return self.stacked_mask(ops.not_equal(inputs, 0))
 
 
 @register_fused_layer(keras.layers.Dropout)
@@ -164,6 +178,7 @@ class FusedDropout(FusedLayer):
     """
 
     per_member_keys = ("rate",)
+    handles_masks = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
@@ -190,6 +205,9 @@ class FusedDropout(FusedLayer):
         draw = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype)
         return ops.where(draw < keep, x / ops.maximum(keep, 1e-12), ops.zeros_like(x))
 
+    def compute_mask(self, inputs, mask=None):
+        return self.stacked_mask(mask)
+
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class FusedPerSample(FusedLayer):
@@ -199,7 +217,9 @@ class FusedPerSample(FusedLayer):
     unchanged, and the result is reshaped back; when every input is replicated the
     layer runs once on the shared batch and its output stays replicated. Right for any
     layer whose output for a sample depends only on that sample and that has no weights
-    or randomness: activations, pooling, flattening, reshaping, merging.
+    or randomness: activations, pooling, flattening, reshaping, merging. Keras masks fold
+    and unfold with the tensors, so masked pooling and `Masking` compute what the member
+    layer does.
 
     Args:
         n_members: Number of members. Defaults to none (required).
@@ -221,9 +241,12 @@ class FusedPerSample(FusedLayer):
     ```
     """
 
+    handles_masks = True
+
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
         self.inner = keras.saving.deserialize_keras_object(member_config)
+        self.supports_masking = self.inner.supports_masking
 
     @classmethod
     def from_member(cls, layer, n_members, input_stacked):
@@ -241,13 +264,78 @@ class FusedPerSample(FusedLayer):
         flags = self.input_stacked
         return any(flags) if isinstance(flags, (list, tuple)) else bool(flags)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, mask=None):
         if not self.output_stacked:
-            return self.inner(inputs)
-        stacked = self.to_stacked(inputs)
-        folded = keras.tree.map_structure(fold, stacked)
-        outputs = self.inner(folded)
+            return self.inner(inputs, **self._call_kwargs(mask, training))
+        folded, folded_mask = self._folded(inputs, mask)
+        outputs = self.inner(folded, **self._call_kwargs(folded_mask, training))
         return keras.tree.map_structure(lambda y: unfold(y, self.n_members), outputs)
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.inner.supports_masking:
+            return None
+        if not self.output_stacked:
+            return self.inner.compute_mask(inputs, mask)
+        folded, folded_mask = self._folded(inputs, mask)
+        masks = self.inner.compute_mask(folded, folded_mask)
+        return keras.tree.map_structure(
+            lambda m: None if m is None else unfold(m, self.n_members), masks
+        )
+
+    def _call_kwargs(self, mask, training):
+        kwargs = {}
+        if self.inner._call_has_training_arg:
+            kwargs["training"] = training
+        if any(m is not None for m in keras.tree.flatten(mask)) and self.inner._call_has_mask_arg:
+            kwargs["mask"] = mask
+        return kwargs
+
+    def _folded(self, inputs, mask):
+        """Inputs and their masks stacked, then with the member axis folded into the batch."""
+        folded = keras.tree.map_structure(fold, self.to_stacked(inputs))
+        if mask is None:
+            return folded, None
+        flags = self.stacked_flags(inputs)
+        if keras.tree.is_nested(mask):
+            masks = keras.tree.flatten(mask)
+            masks = [self.stacked_mask(m, flag) for m, flag in zip(masks, flags)]
+            mask = keras.tree.pack_sequence_as(mask, masks)
+        else:
+            mask = self.stacked_mask(mask, flags[0])
+        return folded, keras.tree.map_structure(lambda m: None if m is None else fold(m), mask)
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedRandomPerSample(FusedPerSample):
+    """A random layer without weights run on the member axis folded into the batch.
+
+    Like `FusedPerSample`, but the input is always stacked first, so every member draws its
+    own noise or dropout mask (`SpatialDropout`, `GaussianNoise`, `GaussianDropout`,
+    `AlphaDropout`), as each member trained alone would.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member layer serialized with
+            `keras.saving.serialize_keras_object` (class and config). Defaults to none
+            (required).
+        input_stacked: Whether each input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedRandomPerSample
+
+    member = keras.saving.serialize_keras_object(keras.layers.GaussianNoise(0.1))
+    layer = FusedRandomPerSample(n_members=2, member_config=member, input_stacked=False)
+    print(layer(keras.ops.ones((3, 4)), training=True).shape)  # (2, 3, 4)
+    ```
+    """
+
+    @property
+    def output_stacked(self):
+        return True
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -271,11 +359,16 @@ class FusedBroadcast(FusedLayer):
     ```
     """
 
+    handles_masks = True
+
     def __init__(self, n_members, member_config, input_stacked=False, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
 
     def call(self, inputs, training=None):
         return self.to_stacked(inputs)
+
+    def compute_mask(self, inputs, mask=None):
+        return self.stacked_mask(mask)
 
 
 _PER_SAMPLE = (
@@ -303,10 +396,14 @@ _PER_SAMPLE = (
     "GlobalAveragePooling3D",
     "UpSampling1D",
     "UpSampling2D",
+    "UpSampling3D",
     "ZeroPadding1D",
     "ZeroPadding2D",
+    "ZeroPadding3D",
     "Cropping1D",
     "Cropping2D",
+    "Cropping3D",
+    "Masking",
     "Add",
     "Subtract",
     "Multiply",
@@ -315,6 +412,18 @@ _PER_SAMPLE = (
     "Minimum",
     "Concatenate",
     "Dot",
+    "Rescaling",
 )
 for _name in _PER_SAMPLE:
     register_fused_layer(getattr(keras.layers, _name))(FusedPerSample)
+
+_RANDOM_PER_SAMPLE = (
+    "SpatialDropout1D",
+    "SpatialDropout2D",
+    "SpatialDropout3D",
+    "GaussianNoise",
+    "GaussianDropout",
+    "AlphaDropout",
+)
+for _name in _RANDOM_PER_SAMPLE:
+    register_fused_layer(getattr(keras.layers, _name))(FusedRandomPerSample)

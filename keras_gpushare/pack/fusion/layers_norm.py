@@ -157,6 +157,8 @@ class FusedLayerNormalization(_FusedNormalization):
     ```
     """
 
+    handles_masks = True
+
     @classmethod
     def unsupported_reason(cls, member_config):
         if member_config.get("rms_scaling"):
@@ -173,3 +175,6 @@ class FusedLayerNormalization(_FusedNormalization):
         x = ops.cast(x, compute_dtype)
         mean, variance = ops.moments(x, axes=self.stacked_axes, keepdims=True)
         return ops.cast(self._normalize(x, mean, variance), self.compute_dtype)
+
+    def compute_mask(self, inputs, mask=None):
+        return self.stacked_mask(mask)

@@ -53,6 +53,13 @@ class FusionReport:
 def _model_problems(members, graphs):
     problems = []
     first = graphs[0].functional
+    masked = converter.masked_outputs(first)
+    if masked:
+        problems.append(
+            f"output {masked[0]} carries a Keras mask, which plain Keras applies to the "
+            "loss and metrics (masked steps left out); the fused engine does not yet, so "
+            "such members train on the graph engine"
+        )
     for i, graph in enumerate(graphs[1:], start=1):
         other = graph.functional
         if len(other.inputs) != len(first.inputs) or any(

@@ -13,7 +13,7 @@ def gradients(fn, variables):
 
         with tf.GradientTape() as tape:
             loss = fn()
-        return [np.asarray(g) for g in tape.gradient(loss, variables)]
+        return [np.asarray(tf.convert_to_tensor(g)) for g in tape.gradient(loss, variables)]
     if backend == "jax":
         import jax
         from keras.src.backend.common.stateless_scope import StatelessScope

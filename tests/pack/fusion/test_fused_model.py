@@ -227,11 +227,20 @@ def test_report_reasons():
         fusion_report([other_type, other])
     )
 
-    unsupported = keras.Sequential([keras.Input((3, 4)), layers.LSTM(2)])
-    assert "layer type `LSTM` has no fused form" in str(fusion_report([unsupported] * 2))
+    unsupported = keras.Sequential([keras.Input((3, 4, 2)), layers.ConvLSTM1D(2, 2)])
+    assert "layer type `ConvLSTM1D` has no fused form" in str(fusion_report([unsupported] * 2))
 
-    masked = keras.Sequential([keras.Input((3,)), layers.Embedding(5, 2, mask_zero=True)])
-    assert "`mask_zero=True`" in str(fusion_report([masked] * 2))
+    masked = keras.Sequential(
+        [keras.Input((3,)), layers.Embedding(5, 2, mask_zero=True), layers.BatchNormalization()]
+    )
+    assert "the fused form `FusedBatchNormalization` does not handle masks" in str(
+        fusion_report([masked] * 2)
+    )
+    tokens = keras.Input((3,))
+    by_hand = layers.Lambda(lambda t: keras.ops.not_equal(t, 0))(tokens)
+    explicit = layers.GlobalAveragePooling1D()(layers.Embedding(5, 2)(tokens), mask=by_hand)
+    explicit = keras.Model(tokens, explicit)
+    assert "called with an explicit `mask`" in str(fusion_report([explicit] * 2))
 
     assert "subclassed model `Subclassed`" in str(fusion_report([Subclassed(), Subclassed()]))
     unbuilt = keras.Sequential([layers.Dense(2)])
