@@ -4,63 +4,74 @@ from __future__ import annotations
 
 import gc
 import logging
-import traceback
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import keras
-from keras_tuner.src import errors
 from keras_tuner.src.engine import trial as trial_module
-from keras_tuner.src.engine import tuner_utils
 
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.pack.fusion.converter import fusion_signature
-from keras_gpushare.tuner._trial_callbacks import PackTrials, TrialRun
+from keras_gpushare.tuner._trial_callbacks import (
+    BestCheckpoint,
+    PackTrials,
+    PackTrialsWithBatches,
+    TrialRun,
+    implements_batch_hooks,
+)
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
-TrialStatus = trial_module.TrialStatus
+
+@dataclass
+class TrialOutcome:
+    """What `Tuner.run_trial` would have returned for a trial, or the error it raised."""
+
+    results: list[keras.callbacks.History] | None = None
+    error: BaseException | None = None
 
 
-def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> None:
-    """Trains `trials` together and reports each one's metrics to the oracle.
+def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
+    """Trains `trials` (each with its `executions_per_trial` executions) together.
 
-    Sets every trial's `status` (COMPLETED, INVALID or FAILED) and `message`; ending the
-    trials is left to the caller. A `keras_tuner.errors.FatalError` aborts the round.
+    Returns:
+        `{trial_id: TrialOutcome}`: per trial, one `History` per execution (as KerasTuner's
+        `Tuner.run_trial` returns them), or the exception that building or training it
+        raised. Nothing is reported to the oracle here.
     """
     keras.backend.clear_session()
     gc.collect()
-    runs = []
+    outcomes: dict[str, TrialOutcome] = {}
+    runs: list[TrialRun] = []
     for trial in trials:
-        run = _prepare(tuner, trial, fit_kwargs)
-        if run is not None:
-            runs.append(run)
+        try:
+            runs.extend(_prepare(tuner, trial, fit_kwargs))
+        except Exception as e:
+            outcomes[trial.trial_id] = TrialOutcome(error=e)
     for group in _groups(runs, tuner.fuse, fit_kwargs):
-        _fit_group(tuner, group, fit_args, fit_kwargs)
+        _fit_group(tuner, group, fit_args, fit_kwargs, outcomes)
+    by_trial: dict[str, list[TrialRun]] = defaultdict(list)
+    for run in runs:
+        by_trial[run.trial.trial_id].append(run)
+    for trial_id, trial_runs in by_trial.items():
+        if trial_id not in outcomes:
+            outcomes[trial_id] = TrialOutcome(results=[run.results() for run in trial_runs])
+    return outcomes
 
 
-def _fail(trial: trial_module.Trial, error: BaseException) -> None:
-    """Marks `trial` as KerasTuner does: FAILED for `FailedTrialError`, else INVALID."""
-    if isinstance(error, errors.FatalError):
-        raise error
-    failed = isinstance(error, errors.FailedTrialError)
-    trial.status = TrialStatus.FAILED if failed else TrialStatus.INVALID
-    trial.message = "".join(traceback.format_exception(error))
-    logger.warning("Trial %s: %s: %s", trial.trial_id, type(error).__name__, error)
-
-
-def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> TrialRun | None:
-    """Builds the trial's model and its callbacks; marks the trial failed when that raises."""
-    try:
-        model = tuner._build_trial_model(trial.hyperparameters)
-        callbacks = tuner._deepcopy_callbacks(list(fit_kwargs.get("callbacks") or []))
-        tuner._configure_tensorboard_dir(callbacks, trial)
-    except Exception as e:
-        _fail(trial, e)
-        return None
+def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
+    """Builds the trial's models (one per execution) and their callbacks, as KerasTuner."""
+    checkpoint = BestCheckpoint(tuner.oracle.objective, tuner._get_checkpoint_fname(trial.trial_id))
     values = trial.hyperparameters.values
     last_epoch = values.get("tuner/epochs", fit_kwargs.get("epochs", 1))
-    return TrialRun(tuner, trial, model, callbacks, last_epoch)
+    runs = []
+    for execution in range(tuner.executions_per_trial):
+        callbacks = tuner._deepcopy_callbacks(list(fit_kwargs.get("callbacks") or []))
+        tuner._configure_tensorboard_dir(callbacks, trial, execution)
+        model = tuner._build_trial_model(trial.hyperparameters)
+        runs.append(TrialRun(tuner, trial, execution, model, callbacks, last_epoch, checkpoint))
+    return runs
 
 
 def _batch_size(run: TrialRun, fit_kwargs: dict) -> Any:
@@ -71,9 +82,9 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
     """Packs: by batch size and start epoch; with fusion, large same-architecture groups.
 
     Each `fit` costs a fixed tracing and compiling time, which dominates short trials, so
-    trials that can fuse (equal `fusion_signature`: dropout rates, weights and optimizer
+    runs that can fuse (equal `fusion_signature`: dropout rates, weights and optimizer
     settings may differ) get a pack of their own, which can be fused, only when they are at
-    least half of their group; all other trials train together in one pack.
+    least half of their group; all other runs train together in one pack.
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
@@ -85,7 +96,7 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
         if fuse is False:
             groups.append(members)
             continue
-        by_arch: dict[tuple, list[TrialRun]] = defaultdict(list)
+        by_arch: dict[Any, list[TrialRun]] = defaultdict(list)
         for run in members:
             by_arch[fusion_signature(run.model) or id(run)].append(run)
         mixed = []
@@ -132,73 +143,51 @@ def _compile_args(runs: list[TrialRun]) -> dict:
     }
 
 
-def _fit_group(tuner: Any, runs: list[TrialRun], fit_args: tuple, fit_kwargs: dict) -> None:
+def _fit_group(
+    tuner: Any, runs: list[TrialRun], fit_args: tuple, fit_kwargs: dict, outcomes: dict
+) -> None:
+    trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
     try:
         pack = ModelPack([run.model for run in runs], fuse=tuner.fuse)
         pack.compile(**_compile_args(runs))
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
-        kwargs["callbacks"] = [PackTrials(pack, runs, kwargs["epochs"])]
+        callbacks = [cb for run in runs for cb in run.callbacks]
+        hooks = PackTrialsWithBatches if implements_batch_hooks(tuner, callbacks) else PackTrials
+        kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"])]
         values = runs[0].trial.hyperparameters.values
         kwargs["initial_epoch"] = values.get("tuner/initial_epoch", kwargs.get("initial_epoch", 0))
         batch_size = _batch_size(runs[0], fit_kwargs)
         if batch_size is not None:
             kwargs["batch_size"] = batch_size
         logger.info(
-            "Training trials %s as one pack (%s engine).",
-            ", ".join(run.trial.trial_id for run in runs),
+            "Training trials %s as one pack of %d models (%s engine).",
+            ", ".join(trial_ids),
+            len(runs),
             pack.engine,
         )
         pack.fit(*fit_args, **kwargs)
-    except errors.FatalError:
-        raise
+        for run in runs:
+            if run.execution == 0:
+                tuner._save_build_config(run.trial.trial_id, run.model)
     except Exception as e:
-        if len(runs) == 1:
-            runs[0].clear_checkpoint()
-            _fail(runs[0].trial, e)
+        for run in runs:
+            run.checkpoint.clear()
+        if len(trial_ids) == 1:
+            outcomes[trial_ids[0]] = TrialOutcome(error=e)
             return
         logger.warning(
             "A pack of %d trials raised %s: %s; training each trial alone to find which.",
-            len(runs),
+            len(trial_ids),
             type(e).__name__,
             e,
         )
-        for run in runs:
-            run.clear_checkpoint()
-            alone = _prepare(tuner, run.trial, fit_kwargs)
-            if alone is not None:
-                _fit_group(tuner, [alone], fit_args, fit_kwargs)
-        return
-    for run in runs:
-        _report(tuner, run)
-
-
-def _report(tuner: Any, run: TrialRun) -> None:
-    trial = run.trial
-    if run.diverged_epoch is not None:
-        trial.status = TrialStatus.FAILED
-        trial.message = (
-            f"Diverged: the loss or gradients stopped being finite in epoch "
-            f"{run.diverged_epoch + 1}; the ModelPack froze this member."
-        )
-        logger.warning("Trial %s: %s", trial.trial_id, trial.message)
-    try:
-        results = run.results()
-        tuner_utils.validate_trial_results(results, tuner.oracle.objective, "ModelPack.fit()")
-        for epoch, logs in _epoch_logs(run):
-            tuner.oracle.update_trial(trial.trial_id, logs, step=epoch)
-        if not run.epochs:
-            raise errors.FailedTrialError("The trial trained for no epoch.")
-        tuner._save_build_config(trial.trial_id, run.model)
-    except Exception as e:
-        _fail(trial, e)
-        return
-    if trial.status not in (TrialStatus.FAILED, TrialStatus.INVALID):
-        trial.status = TrialStatus.COMPLETED
-
-
-def _epoch_logs(run: TrialRun) -> list[tuple[int, dict]]:
-    return [
-        (epoch, {key: values[i] for key, values in run.history.items()})
-        for i, epoch in enumerate(run.epochs)
-    ]
+        for trial in dict.fromkeys(run.trial for run in runs):
+            try:
+                alone = _prepare(tuner, trial, fit_kwargs)
+            except Exception as error:
+                outcomes[trial.trial_id] = TrialOutcome(error=error)
+                continue
+            _fit_group(tuner, alone, fit_args, fit_kwargs, outcomes)
+            if trial.trial_id not in outcomes:
+                outcomes[trial.trial_id] = TrialOutcome(results=[r.results() for r in alone])
