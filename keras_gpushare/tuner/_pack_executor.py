@@ -110,7 +110,7 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
     return groups
 
 
-def _compile_args(runs: list[TrialRun]) -> dict:
+def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
     configs = []
     for run in runs:
         if not run.model.compiled:
@@ -133,7 +133,7 @@ def _compile_args(runs: list[TrialRun]) -> dict:
     # `jit_compile="auto"` per model: on with a GPU, off on CPUs, where XLA's compile time
     # outweighs its gain for trials of a few epochs).
     jit = {bool(run.model.jit_compile) for run in runs}
-    return {
+    args = {
         "jit_compile": jit.pop() if len(jit) == 1 else "auto",
         "optimizer": per_member("optimizer"),
         "loss": per_member("loss"),
@@ -141,6 +141,11 @@ def _compile_args(runs: list[TrialRun]) -> dict:
         "weighted_metrics": per_member("weighted_metrics"),
         "loss_weights": configs[0].get("loss_weights"),
     }
+    if batch_hooks:
+        # Callbacks with batch hooks see each batch, as they would with the trials' own
+        # `steps_per_execution` (1 unless the build function set it).
+        args["steps_per_execution"] = min(c.get("steps_per_execution") or 1 for c in configs)
+    return args
 
 
 def _fit_group(
@@ -148,12 +153,15 @@ def _fit_group(
 ) -> None:
     trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
     try:
-        pack = ModelPack([run.model for run in runs], fuse=tuner.fuse)
-        pack.compile(**_compile_args(runs))
+        # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
+        # scoring (best finite epoch, or INVALID) sees the same history.
+        pack = ModelPack([run.model for run in runs], fuse=tuner.fuse, on_nan="ignore")
+        callbacks = [cb for run in runs for cb in run.callbacks]
+        batch_hooks = implements_batch_hooks(tuner, callbacks)
+        pack.compile(**_compile_args(runs, batch_hooks))
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
-        callbacks = [cb for run in runs for cb in run.callbacks]
-        hooks = PackTrialsWithBatches if implements_batch_hooks(tuner, callbacks) else PackTrials
+        hooks = PackTrialsWithBatches if batch_hooks else PackTrials
         kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"])]
         values = runs[0].trial.hyperparameters.values
         kwargs["initial_epoch"] = values.get("tuner/initial_epoch", kwargs.get("initial_epoch", 0))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -10,8 +9,6 @@ import keras
 from keras_tuner.src.engine import trial as trial_module
 
 from keras_gpushare.tuner import _state
-
-logger = logging.getLogger("keras_gpushare.tuner")
 
 
 def member_logs(logs: dict | None, index: int) -> dict:
@@ -162,24 +159,12 @@ class PackTrials(keras.callbacks.Callback):
         # Reading `members` refreshes the fused engine's member models from its stacked
         # weights, so checkpoints and callbacks see this epoch's weights.
         members = self._pack.members
-        status = self._pack.status
         for run in self._runs:
             if not run.active:
                 continue
             run.model = members[run.index]
             mlogs = member_logs(logs, run.index)
             run.record(epoch, mlogs)
-            if status[run.index] == "frozen:nan":
-                # Plain `fit` would go on training on NaN, and KerasTuner would score the
-                # trial by its best finite epoch: this epoch and later ones never win.
-                run.active = False
-                logger.warning(
-                    "Trial %s: the loss or gradients stopped being finite in epoch %d; the "
-                    "ModelPack froze this member.",
-                    run.trial.trial_id,
-                    epoch + 1,
-                )
-                continue
             run.checkpoint.update(run.model, mlogs)
             run.tuner.on_epoch_end(run.trial, run.model, epoch, logs=mlogs)
             for callback in run.callbacks:

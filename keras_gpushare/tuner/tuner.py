@@ -399,7 +399,8 @@ class ParallelTuner(keras_tuner.Tuner):
         if "tuner/epochs" in values:
             fit_kwargs["epochs"] = values["tuner/epochs"]
             fit_kwargs["initial_epoch"] = values["tuner/initial_epoch"]
-        if "batch_size" in values:
+        plain_fit = type(self.hypermodel).fit is keras_tuner.HyperModel.fit
+        if "batch_size" in values and plain_fit:
             fit_kwargs["batch_size"] = values["batch_size"]
         return super().run_trial(trial, *fit_args, **fit_kwargs)
 

@@ -64,12 +64,12 @@ class CountingBuild:
         return model
 
 
-def make(kind, tuner=None, oracle=None, hypermodel=build, base_kt=None, mixin=None, **kwargs):
+def make(kind, oracle=None, hypermodel=build, base_kt=None, mixin=None, fuse="auto", **kwargs):
     """A tuner of `kind`: KerasTuner's (`base_kt`, RandomSearch by default) or ParallelTuner.
 
     `oracle` is a function making a fresh oracle (for ParallelTuner) whose KerasTuner twin
     is `base_kt` made with the oracle's own arguments in `kwargs`. `mixin` is a class put
-    before the tuner class (a user's `run_trial` override, say).
+    before the tuner class (a user's `run_trial` override, say); `fuse` is ParallelTuner's.
     """
     if kind == "kt":
         base = base_kt or keras_tuner.RandomSearch
@@ -80,10 +80,8 @@ def make(kind, tuner=None, oracle=None, hypermodel=build, base_kt=None, mixin=No
         cls = type("UserTuner", (mixin, cls), {})
     if oracle is not None:
         oracle_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in ORACLE_KEYS}
-        return cls(
-            hypermodel=hypermodel, oracle=oracle(**oracle_kwargs), parallel_trials=kind, **kwargs
-        )
-    return cls(hypermodel=hypermodel, parallel_trials=kind, **kwargs)
+        kwargs["oracle"] = oracle(**oracle_kwargs)
+    return cls(hypermodel=hypermodel, parallel_trials=kind, fuse=fuse, **kwargs)
 
 
 ORACLE_KEYS = {
