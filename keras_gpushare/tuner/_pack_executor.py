@@ -157,7 +157,7 @@ def _fit_group(
         # scoring (best finite epoch, or INVALID) sees the same history.
         pack = ModelPack([run.model for run in runs], fuse=tuner.fuse, on_nan="ignore")
         callbacks = [cb for run in runs for cb in run.callbacks]
-        batch_hooks = implements_batch_hooks(tuner, callbacks)
+        batch_hooks = tuner._uses_batch_hooks() or implements_batch_hooks(callbacks)
         pack.compile(**_compile_args(runs, batch_hooks))
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)

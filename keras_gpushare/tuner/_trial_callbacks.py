@@ -23,17 +23,11 @@ def member_logs(logs: dict | None, index: int) -> dict:
     return result
 
 
-def implements_batch_hooks(tuner: Any, callbacks: list[keras.callbacks.Callback]) -> bool:
-    """Whether the tuner's `on_batch_*` hooks or a callback's train-batch hooks are used."""
-    from keras_tuner import Tuner
-
-    tuner_hooks = any(
-        getattr(type(tuner), name) is not getattr(Tuner, name)
-        for name in ("on_batch_begin", "on_batch_end")
-    )
+def implements_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
+    """Whether a callback overrides a train-batch hook (which turns per-batch calls on)."""
     base = keras.callbacks.Callback
     names = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
-    return tuner_hooks or any(
+    return any(
         getattr(type(c), name) is not getattr(base, name) for c in callbacks for name in names
     )
 

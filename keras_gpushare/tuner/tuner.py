@@ -270,6 +270,9 @@ class ParallelTuner(keras_tuner.Tuner):
             logger.warning(message)
         return reason
 
+    def _uses_batch_hooks(self) -> bool:
+        return any(_overrides(type(self), n) for n in ("on_batch_begin", "on_batch_end"))
+
     def _search_one_at_a_time(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
         """KerasTuner's own loop, waiting instead of spinning while the oracle is IDLE."""
         while True:
