@@ -315,7 +315,7 @@ def fatal_path(spec_path: str, tuner_id: str) -> str:
 
 
 def _worker_fatal_error(path: str) -> BaseException:
-    from keras_tuner.src import errors
+    from keras_tuner import errors
 
     try:
         with open(path, "rb") as f:

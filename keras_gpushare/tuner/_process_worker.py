@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
     with open(spec_path, "rb") as f:
         f.seek(spec_offset)
         tuner_class, args, kwargs, fit_args, fit_kwargs = pickle.load(f)
-    from keras_tuner.src import errors
+    from keras_tuner import errors
 
     tuner = tuner_class(*args, **kwargs)
     try:

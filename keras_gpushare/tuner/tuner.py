@@ -11,8 +11,8 @@ from typing import Any
 
 import keras
 import keras_tuner
+from keras_tuner import errors
 from keras_tuner.src import config as kt_config
-from keras_tuner.src import errors
 from keras_tuner.src import utils as kt_utils
 from keras_tuner.src.distribute import utils as dist_utils
 from keras_tuner.src.engine import trial as trial_module
