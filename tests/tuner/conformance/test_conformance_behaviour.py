@@ -5,7 +5,6 @@ trial, retries, failed and fatal trials, consecutive failures, and the errors a 
 each runs with KerasTuner's tuner and with ParallelTuner at parallel_trials 1 and 4.
 """
 
-import copy
 import threading
 import warnings
 
@@ -78,13 +77,13 @@ def overrides(tmp_path_factory):
     for kind in KINDS:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            common = dict(objective="val_loss", max_trials=3, seed=2, directory=str(root))
+            common = dict(objective="val_loss", max_trials=2, seed=2, directory=str(root))
             with_run_trial = make(kind, mixin=RunTrialOverride, project_name=f"r{kind}", **common)
             search(with_run_trial, x, y, **FIT)
             with_fit = make(kind, hypermodel=FitOverride(), project_name=f"f{kind}", **common)
             search(with_fit, x, y, **FIT)
             black_box = make(
-                kind, hypermodel=None, mixin=BlackBox, max_trials=3, seed=2,
+                kind, hypermodel=None, mixin=BlackBox, max_trials=2, seed=2,
                 directory=str(root), project_name=f"b{kind}",
             )  # fmt: skip
             search(black_box)
@@ -231,24 +230,41 @@ def _failing_search(kind, tmp_path, name, build_fn, **kwargs):
     return tuner
 
 
-@pytest.mark.parametrize("k", PARALLEL)
-@pytest.mark.parametrize(
-    "error, retries", [(ValueError, 2), (errors.FailedTrialError, 2)], ids=["invalid", "failed"]
-)
-def test_retries_match_keras_tuner(tmp_path, k, error, retries):
-    """INVALID trials run again up to `max_retries_per_trial`; FailedTrialError never."""
-    builds = {}
-    tuners = {}
-    for kind in ["kt", k]:
-        build_fn = FailingBuild(bad=[2, 3], error=error)
-        tuners[kind] = _failing_search(
-            kind, tmp_path, "retry", build_fn, max_retries_per_trial=retries
+class FailingBuild2(FailingBuild):
+    """Value 2 raises ValueError (INVALID, retried), value 3 FailedTrialError (FAILED)."""
+
+    def __call__(self, hp):
+        if hp.Int("value", 1, 5) == 3:
+            self.calls += 1
+            raise errors.FailedTrialError("wrong value 3.")
+        return super().__call__(hp)
+
+
+@pytest.fixture(scope="module")
+def retried(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retries")
+    runs = {}
+    for kind in KINDS:
+        build_fn = FailingBuild2(bad=[2])
+        runs[kind] = (
+            _failing_search(kind, root, "retry", build_fn, max_retries_per_trial=2),
+            build_fn.calls,
         )
-        builds[kind] = build_fn.calls
-    assert_same_trials(tuners["kt"], tuners[k])
-    assert builds[k] == builds["kt"]
-    statuses = sorted(t.status for t in tuners[k].oracle.trials.values())
-    assert statuses == ["COMPLETED"] * 3 + ["FAILED"] * 2
+    return runs
+
+
+@pytest.mark.parametrize("k", PARALLEL)
+def test_retries_match_keras_tuner(retried, k):
+    """INVALID trials run again up to `max_retries_per_trial`; FailedTrialError never."""
+    reference, reference_builds = retried["kt"]
+    tuner, builds = retried[k]
+    assert_same_trials(reference, tuner)
+    assert builds == reference_builds
+    by_value = {t.hyperparameters["value"]: t.status for t in tuner.oracle.trials.values()}
+    assert by_value == {1: "COMPLETED", 2: "FAILED", 3: "FAILED", 4: "COMPLETED", 5: "COMPLETED"}
+    assert dict(tuner.oracle.get_state()["run_times"]) == dict(
+        reference.oracle.get_state()["run_times"]
+    )
 
 
 @pytest.mark.parametrize("k", PARALLEL)
@@ -267,30 +283,63 @@ def test_consecutive_failures_abort_like_keras_tuner(tmp_path, k):
     assert raised[k] == raised["kt"] == "Number of consecutive failures exceeded the limit of 2."
 
 
-@pytest.mark.parametrize("k", PARALLEL)
-def test_fatal_error_is_raised_again_like_keras_tuner(tmp_path, k):
-    tuners = {}
-    for kind in ["kt", k]:
+@pytest.fixture(scope="module")
+def fatal(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fatal")
+    x, y = data()
+    runs = {}
+    for kind in KINDS:
         tuner = make(
             kind,
             oracle=keras_tuner.oracles.GridSearchOracle,
             base_kt=keras_tuner.GridSearch,
             hypermodel=FailingBuild(bad=[3], error=errors.FatalError),
             objective="val_loss",
-            directory=str(tmp_path),
+            directory=str(root),
             project_name=f"fatal-{kind}",
         )
-        x, y = data()
-        with pytest.raises(errors.FatalError, match="wrong value 3."):
+        with pytest.raises(errors.FatalError) as info:
             search(tuner, x, y, **dict(FIT, epochs=1))
-        tuners[kind] = tuner
-    trials = {t.hyperparameters["value"]: t for t in tuners[k].oracle.trials.values()}
+        runs[kind] = (tuner, str(info.value))
+    return runs
+
+
+@pytest.mark.parametrize("k", PARALLEL)
+def test_fatal_error_is_raised_again_like_keras_tuner(fatal, k):
+    reference, expected = fatal["kt"]
+    tuner, message = fatal[k]
+    assert message == expected == "wrong value 3."
+    trials = {t.hyperparameters["value"]: t for t in tuner.oracle.trials.values()}
     assert trials[3].status == "RUNNING"  # never ended: a resumed search runs it again
     if k == 1:
-        assert_same_trials(tuners["kt"], tuners[k])
+        assert_same_trials(reference, tuner)
     else:
         # The round's other trials trained alongside; they are recorded before the error.
         assert all(t.status == "COMPLETED" for v, t in trials.items() if v != 3)
+
+
+def _diverging(hp):
+    lr = hp.Choice("lr", [0.01, 1e9])
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(lr), "mse")
+    return model
+
+
+@pytest.fixture(scope="module")
+def diverging(tmp_path_factory):
+    """Two trials, one with a learning rate that makes the loss NaN, on each engine."""
+    root = tmp_path_factory.mktemp("nan")
+    x, y = data()
+    runs = {}
+    for kind, fuse in [("kt", "auto"), (4, False), (4, True)]:
+        tuner = _grid_tuner(
+            kind, root, f"nan-{fuse}", _grid(("lr", [0.01, 1e9])), hypermodel=_diverging,
+            objective="val_loss", fuse=fuse,
+        )  # fmt: skip
+        search(tuner, x, y, **FIT)
+        runs[kind if kind == "kt" else fuse] = tuner
+    return runs
 
 
 @pytest.mark.parametrize(
@@ -308,26 +357,9 @@ def test_fatal_error_is_raised_again_like_keras_tuner(tmp_path, k):
     ],
     ids=["graph", "fused"],
 )
-def test_a_diverging_trial_is_scored_like_keras_tuner(tmp_path, fuse):
+def test_a_diverging_trial_is_scored_like_keras_tuner(diverging, fuse):
     """A NaN loss: KerasTuner scores the best finite epoch, or marks the trial invalid."""
-
-    def diverging(hp):
-        lr = hp.Choice("lr", [0.01, 1e9])
-        keras.utils.set_random_seed(1)
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(1)])
-        model.compile(keras.optimizers.SGD(lr), "mse")
-        return model
-
-    tuners = {}
-    for kind in KINDS:
-        tuners[kind] = _grid_tuner(
-            kind, tmp_path, "nan", _grid(("lr", [0.01, 1e9])), hypermodel=diverging,
-            objective="val_loss", fuse=fuse,
-        )  # fmt: skip
-        x, y = data()
-        search(tuners[kind], x, y, **dict(FIT, epochs=3))
-    for k in PARALLEL:
-        assert_same_trials(tuners["kt"], tuners[k])
+    assert_same_trials(diverging["kt"], diverging[fuse])
 
 
 @pytest.mark.parametrize("k", PARALLEL)
@@ -367,9 +399,3 @@ def test_user_errors_match_keras_tuner(tmp_path, k):
     with pytest.raises(ValueError) as ours:
         make(k, objective="val_unknown_thing", directory=str(tmp_path))
     assert str(ours.value) == str(theirs.value)
-
-
-def test_callbacks_must_be_deep_copyable_and_are_copied_per_trial():
-    """Sanity for the callbacks test above: `copy.deepcopy` keeps the shared record."""
-    callback = EpochCounter()
-    assert copy.deepcopy(callback).ends is EpochCounter.ends

@@ -138,7 +138,7 @@ def grid_multi_objective(tmp_path_factory):
     return _run_all(
         tmp_path_factory.mktemp("grid"),
         "grid",
-        fit=dict(FIT, verbose=0),
+        fit=dict(FIT, epochs=1, verbose=0),
         oracle=keras_tuner.oracles.GridSearchOracle,
         base_kt=keras_tuner.GridSearch,
         objective=["val_accuracy", "val_loss"],
@@ -164,8 +164,8 @@ def hyperband(tmp_path_factory):
         oracle=keras_tuner.oracles.HyperbandOracle,
         base_kt=keras_tuner.Hyperband,
         objective="val_loss",
-        max_epochs=3,
-        factor=3,
+        max_epochs=2,
+        factor=2,
         seed=4,
     )
 
