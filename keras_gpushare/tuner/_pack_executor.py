@@ -35,6 +35,10 @@ class TrialOutcome:
 def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
     """Trains `trials` (each with its `executions_per_trial` executions) together.
 
+    A trial whose model trains itself (it overrides `fit`, `train_step`, `test_step` or
+    `compute_loss`), or whose pack of executions raises, runs after the packs with
+    KerasTuner's own `run_trial`, exactly as KerasTuner would run it.
+
     Returns:
         `{trial_id: TrialOutcome}`: per trial, one `History` per execution (as KerasTuner's
         `Tuner.run_trial` returns them), or the exception that building or training it
@@ -43,21 +47,50 @@ def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> d
     keras.backend.clear_session()
     gc.collect()
     outcomes: dict[str, TrialOutcome] = {}
+    alone: dict[str, tuple] = {}
     runs: list[TrialRun] = []
     for trial in trials:
         try:
-            runs.extend(_prepare(tuner, trial, fit_kwargs))
+            trial_runs = _prepare(tuner, trial, fit_kwargs)
         except Exception as e:
             outcomes[trial.trial_id] = TrialOutcome(error=e)
+            continue
+        own = _own_training(trial_runs[0].model)
+        if own:
+            alone[trial.trial_id] = (trial, f"its model overrides {own}")
+        else:
+            runs.extend(trial_runs)
     for group in _groups(runs, tuner.fuse, fit_kwargs):
-        _fit_group(tuner, group, fit_args, fit_kwargs, outcomes)
+        _fit_group(tuner, group, fit_args, fit_kwargs, outcomes, alone)
     by_trial: dict[str, list[TrialRun]] = defaultdict(list)
     for run in runs:
         by_trial[run.trial.trial_id].append(run)
     for trial_id, trial_runs in by_trial.items():
-        if trial_id not in outcomes:
+        if trial_id not in outcomes and trial_id not in alone:
             outcomes[trial_id] = TrialOutcome(results=[run.results() for run in trial_runs])
+    # KerasTuner's run_trial clears the Keras session: only once every pack has trained.
+    for trial_id, (trial, reason) in alone.items():
+        outcomes[trial_id] = _run_alone(tuner, trial, reason, fit_args, fit_kwargs)
     return outcomes
+
+
+def _own_training(model: keras.Model) -> str:
+    """The training methods `model`'s class overrides, which a pack would not call."""
+    names = ("fit", "train_step", "test_step", "compute_loss")
+    own = [f"`{n}`" for n in names if getattr(type(model), n) is not getattr(keras.Model, n)]
+    return ", ".join(own)
+
+
+def _run_alone(tuner: Any, trial: Any, reason: str, fit_args: tuple, fit_kwargs: dict) -> Any:
+    logger.warning(
+        "Trial %s runs alone with KerasTuner's run_trial, as KerasTuner runs it: %s.",
+        trial.trial_id,
+        reason,
+    )
+    try:
+        return TrialOutcome(results=tuner.run_trial(trial, *fit_args, **dict(fit_kwargs)))
+    except Exception as e:
+        return TrialOutcome(error=e)
 
 
 def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
@@ -149,7 +182,12 @@ def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
 
 
 def _fit_group(
-    tuner: Any, runs: list[TrialRun], fit_args: tuple, fit_kwargs: dict, outcomes: dict
+    tuner: Any,
+    runs: list[TrialRun],
+    fit_args: tuple,
+    fit_kwargs: dict,
+    outcomes: dict,
+    alone: dict,
 ) -> None:
     trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
     try:
@@ -182,7 +220,8 @@ def _fit_group(
         for run in runs:
             run.checkpoint.clear()
         if len(trial_ids) == 1:
-            outcomes[trial_ids[0]] = TrialOutcome(error=e)
+            # Whatever a pack cannot do, KerasTuner's own code does (or raises its error).
+            alone[trial_ids[0]] = (runs[0].trial, f"its pack raised {type(e).__name__}: {e}")
             return
         logger.warning(
             "A pack of %d trials raised %s: %s; training each trial alone to find which.",
@@ -192,10 +231,10 @@ def _fit_group(
         )
         for trial in dict.fromkeys(run.trial for run in runs):
             try:
-                alone = _prepare(tuner, trial, fit_kwargs)
+                again = _prepare(tuner, trial, fit_kwargs)
             except Exception as error:
                 outcomes[trial.trial_id] = TrialOutcome(error=error)
                 continue
-            _fit_group(tuner, alone, fit_args, fit_kwargs, outcomes)
-            if trial.trial_id not in outcomes:
-                outcomes[trial.trial_id] = TrialOutcome(results=[r.results() for r in alone])
+            _fit_group(tuner, again, fit_args, fit_kwargs, outcomes, alone)
+            if trial.trial_id not in outcomes and trial.trial_id not in alone:
+                outcomes[trial.trial_id] = TrialOutcome(results=[r.results() for r in again])

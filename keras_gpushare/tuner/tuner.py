@@ -160,6 +160,12 @@ class ParallelTuner(keras_tuner.Tuner):
                 "`Tuner.run_trial()` by subclassing a `Tuner` class without "
                 "using a `HyperModel` instance."
             )
+        if oracle is not None and not isinstance(oracle, keras_tuner.Oracle):
+            # KerasTuner's own error (BaseTuner's), raised before any work.
+            raise ValueError(
+                "Expected `oracle` argument to be an instance of `Oracle`. "
+                f"Received: oracle={oracle} (of type ({type(oracle)})."
+            )
         oracle_kwargs = {k: kwargs.pop(k) for k in _ORACLE_ARGUMENTS if k in kwargs}
         if oracle is None:
             oracle = keras_tuner.oracles.RandomSearchOracle(
@@ -249,6 +255,8 @@ class ParallelTuner(keras_tuner.Tuner):
             owner = _overrides(type(self), method)
             if owner is not None:
                 reasons.append(f"{owner.__name__} overrides `{method}`")
+            elif method in vars(self):
+                reasons.append(f"this tuner's `{method}` is replaced")
         if self.hypermodel is not None and type(self.hypermodel).fit is not (
             keras_tuner.HyperModel.fit
         ):

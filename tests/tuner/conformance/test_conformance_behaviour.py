@@ -395,7 +395,45 @@ def test_user_errors_match_keras_tuner(tmp_path, k):
             got[kind] = (type(info.value), str(info.value).split(" at 0x")[0])
         assert got[k] == got["kt"]
     with pytest.raises(ValueError) as theirs:
+        keras_tuner.Tuner(oracle="random", hypermodel=build, directory=str(tmp_path))
+    with pytest.raises(ValueError) as ours:
+        make(k, oracle=lambda: "random", directory=str(tmp_path))
+    assert str(ours.value) == str(theirs.value)
+    with pytest.raises(ValueError) as theirs:
         make("kt", objective="val_unknown_thing", directory=str(tmp_path))
     with pytest.raises(ValueError) as ours:
         make(k, objective="val_unknown_thing", directory=str(tmp_path))
     assert str(ours.value) == str(theirs.value)
+
+
+class FrozenSequential(keras.Sequential):
+    """A model whose own `train_step` never updates it (a pack must not bypass it)."""
+
+    def train_step(self, data):
+        x, y = data
+        y_pred = self(x, training=True)
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        return self.compute_metrics(x, y, y_pred) | {"loss": loss}
+
+
+def _frozen(hp):
+    units = hp.Choice("units", [2, 4])
+    keras.utils.set_random_seed(units)
+    model = FrozenSequential([keras.Input((6,)), keras.layers.Dense(units), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+@pytest.mark.parametrize("k", PARALLEL)
+def test_a_model_with_its_own_train_step_trains_as_in_keras_tuner(tmp_path, k):
+    tuners = {}
+    for kind in ["kt", k]:
+        tuners[kind] = make(
+            kind, hypermodel=_frozen, objective="val_loss", max_trials=2, seed=1,
+            directory=str(tmp_path), project_name=str(kind),
+        )  # fmt: skip
+        search(tuners[kind], *data(), **FIT)
+    assert_same_trials(tuners["kt"], tuners[k])
+    for trial in tuners[k].oracle.trials.values():
+        losses = trial.metrics.get_history("loss")
+        assert losses and trial.status == "COMPLETED"
