@@ -58,7 +58,9 @@ class ParallelTuner(keras_tuner.Tuner):
     Trials that KerasTuner's own code must run (a subclass overriding `run_trial` or
     `_build_and_fit_model`, a hypermodel overriding `HyperModel.fit`, a
     `distribution_strategy`) run one at a time in this process with the pack executor, as
-    in KerasTuner; the processes executor runs them in parallel.
+    in KerasTuner; the processes executor runs them in parallel. So does, after the round's
+    packs, a trial whose model trains itself (overrides `fit`, `train_step`, `test_step`
+    or `compute_loss`) or whose own pack raises.
 
     With `executor="processes"`, K worker processes share the device (each calls
     `kg.share_gpu`) and take trials from a chief in this process over KerasTuner's own
