@@ -211,7 +211,6 @@ def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
             pickle.dump(header, f)
             f.write(spec)
     oracle = tuner.oracle
-    oracle.parallel_trials = None  # workers ask for what they can run
     bind, dial = _chief_address()
     server, port, servicer = _start_server(oracle, bind, threads=max(local, 1) + 4)
     logger.info(

@@ -194,9 +194,10 @@ class ParallelTuner(keras_tuner.Tuner):
         self.fuse = fuse
         self.memory_limit_mb = memory_limit_mb
         super().__init__(
-            oracle=ParallelOracle(
-                oracle, parallel_trials=parallel_trials if executor == "pack" else None
-            ),
+            # No cap on running trials in the oracle itself: each round asks for K trials,
+            # and a caller of `tuner.oracle` (KerasTuner's distributed workers, say) gets
+            # what the wrapped oracle would give it.
+            oracle=ParallelOracle(oracle),
             hypermodel=hypermodel,
             directory=directory,
             project_name=project_name,
