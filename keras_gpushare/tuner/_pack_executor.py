@@ -4,63 +4,107 @@ from __future__ import annotations
 
 import gc
 import logging
-import traceback
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import keras
-from keras_tuner.src import errors
 from keras_tuner.src.engine import trial as trial_module
-from keras_tuner.src.engine import tuner_utils
 
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.pack.fusion.converter import fusion_signature
-from keras_gpushare.tuner._trial_callbacks import PackTrials, TrialRun
+from keras_gpushare.tuner._trial_callbacks import (
+    BestCheckpoint,
+    PackTrials,
+    PackTrialsWithBatches,
+    TrialRun,
+    implements_batch_hooks,
+)
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
-TrialStatus = trial_module.TrialStatus
+
+@dataclass
+class TrialOutcome:
+    """What `Tuner.run_trial` would have returned for a trial, or the error it raised."""
+
+    results: list[keras.callbacks.History] | None = None
+    error: BaseException | None = None
 
 
-def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> None:
-    """Trains `trials` together and reports each one's metrics to the oracle.
+def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
+    """Trains `trials` (each with its `executions_per_trial` executions) together.
 
-    Sets every trial's `status` (COMPLETED, INVALID or FAILED) and `message`; ending the
-    trials is left to the caller. A `keras_tuner.errors.FatalError` aborts the round.
+    A trial whose model trains itself (it overrides `fit`, `train_step`, `test_step` or
+    `compute_loss`), or whose pack of executions raises, runs after the packs with
+    KerasTuner's own `run_trial`, exactly as KerasTuner would run it.
+
+    Returns:
+        `{trial_id: TrialOutcome}`: per trial, one `History` per execution (as KerasTuner's
+        `Tuner.run_trial` returns them), or the exception that building or training it
+        raised. Nothing is reported to the oracle here.
     """
     keras.backend.clear_session()
     gc.collect()
-    runs = []
+    outcomes: dict[str, TrialOutcome] = {}
+    alone: dict[str, tuple] = {}
+    runs: list[TrialRun] = []
     for trial in trials:
-        run = _prepare(tuner, trial, fit_kwargs)
-        if run is not None:
-            runs.append(run)
+        try:
+            trial_runs = _prepare(tuner, trial, fit_kwargs)
+        except Exception as e:
+            outcomes[trial.trial_id] = TrialOutcome(error=e)
+            continue
+        own = _own_training(trial_runs[0].model)
+        if own:
+            alone[trial.trial_id] = (trial, f"its model overrides {own}")
+        else:
+            runs.extend(trial_runs)
     for group in _groups(runs, tuner.fuse, fit_kwargs):
-        _fit_group(tuner, group, fit_args, fit_kwargs)
+        _fit_group(tuner, group, fit_args, fit_kwargs, outcomes, alone)
+    by_trial: dict[str, list[TrialRun]] = defaultdict(list)
+    for run in runs:
+        by_trial[run.trial.trial_id].append(run)
+    for trial_id, trial_runs in by_trial.items():
+        if trial_id not in outcomes and trial_id not in alone:
+            outcomes[trial_id] = TrialOutcome(results=[run.results() for run in trial_runs])
+    # KerasTuner's run_trial clears the Keras session: only once every pack has trained.
+    for trial_id, (trial, reason) in alone.items():
+        outcomes[trial_id] = _run_alone(tuner, trial, reason, fit_args, fit_kwargs)
+    return outcomes
 
 
-def _fail(trial: trial_module.Trial, error: BaseException) -> None:
-    """Marks `trial` as KerasTuner does: FAILED for `FailedTrialError`, else INVALID."""
-    if isinstance(error, errors.FatalError):
-        raise error
-    failed = isinstance(error, errors.FailedTrialError)
-    trial.status = TrialStatus.FAILED if failed else TrialStatus.INVALID
-    trial.message = "".join(traceback.format_exception(error))
-    logger.warning("Trial %s: %s: %s", trial.trial_id, type(error).__name__, error)
+def _own_training(model: keras.Model) -> str:
+    """The training methods `model`'s class overrides, which a pack would not call."""
+    names = ("fit", "train_step", "test_step", "compute_loss")
+    own = [f"`{n}`" for n in names if getattr(type(model), n) is not getattr(keras.Model, n)]
+    return ", ".join(own)
 
 
-def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> TrialRun | None:
-    """Builds the trial's model and its callbacks; marks the trial failed when that raises."""
+def _run_alone(tuner: Any, trial: Any, reason: str, fit_args: tuple, fit_kwargs: dict) -> Any:
+    logger.warning(
+        "Trial %s runs alone with KerasTuner's run_trial, as KerasTuner runs it: %s.",
+        trial.trial_id,
+        reason,
+    )
     try:
-        model = tuner._build_trial_model(trial.hyperparameters)
-        callbacks = tuner._deepcopy_callbacks(list(fit_kwargs.get("callbacks") or []))
-        tuner._configure_tensorboard_dir(callbacks, trial)
+        return TrialOutcome(results=tuner.run_trial(trial, *fit_args, **dict(fit_kwargs)))
     except Exception as e:
-        _fail(trial, e)
-        return None
+        return TrialOutcome(error=e)
+
+
+def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
+    """Builds the trial's models (one per execution) and their callbacks, as KerasTuner."""
+    checkpoint = BestCheckpoint(tuner.oracle.objective, tuner._get_checkpoint_fname(trial.trial_id))
     values = trial.hyperparameters.values
     last_epoch = values.get("tuner/epochs", fit_kwargs.get("epochs", 1))
-    return TrialRun(tuner, trial, model, callbacks, last_epoch)
+    runs = []
+    for execution in range(tuner.executions_per_trial):
+        callbacks = tuner._deepcopy_callbacks(list(fit_kwargs.get("callbacks") or []))
+        tuner._configure_tensorboard_dir(callbacks, trial, execution)
+        model = tuner._build_trial_model(trial.hyperparameters)
+        runs.append(TrialRun(tuner, trial, execution, model, callbacks, last_epoch, checkpoint))
+    return runs
 
 
 def _batch_size(run: TrialRun, fit_kwargs: dict) -> Any:
@@ -71,9 +115,9 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
     """Packs: by batch size and start epoch; with fusion, large same-architecture groups.
 
     Each `fit` costs a fixed tracing and compiling time, which dominates short trials, so
-    trials that can fuse (equal `fusion_signature`: dropout rates, weights and optimizer
+    runs that can fuse (equal `fusion_signature`: dropout rates, weights and optimizer
     settings may differ) get a pack of their own, which can be fused, only when they are at
-    least half of their group; all other trials train together in one pack.
+    least half of their group; all other runs train together in one pack.
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
@@ -85,7 +129,7 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
         if fuse is False:
             groups.append(members)
             continue
-        by_arch: dict[tuple, list[TrialRun]] = defaultdict(list)
+        by_arch: dict[Any, list[TrialRun]] = defaultdict(list)
         for run in members:
             by_arch[fusion_signature(run.model) or id(run)].append(run)
         mixed = []
@@ -99,7 +143,7 @@ def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[Tria
     return groups
 
 
-def _compile_args(runs: list[TrialRun]) -> dict:
+def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
     configs = []
     for run in runs:
         if not run.model.compiled:
@@ -122,7 +166,7 @@ def _compile_args(runs: list[TrialRun]) -> dict:
     # `jit_compile="auto"` per model: on with a GPU, off on CPUs, where XLA's compile time
     # outweighs its gain for trials of a few epochs).
     jit = {bool(run.model.jit_compile) for run in runs}
-    return {
+    args = {
         "jit_compile": jit.pop() if len(jit) == 1 else "auto",
         "optimizer": per_member("optimizer"),
         "loss": per_member("loss"),
@@ -130,75 +174,67 @@ def _compile_args(runs: list[TrialRun]) -> dict:
         "weighted_metrics": per_member("weighted_metrics"),
         "loss_weights": configs[0].get("loss_weights"),
     }
+    if batch_hooks:
+        # Callbacks with batch hooks see each batch, as they would with the trials' own
+        # `steps_per_execution` (1 unless the build function set it).
+        args["steps_per_execution"] = min(c.get("steps_per_execution") or 1 for c in configs)
+    return args
 
 
-def _fit_group(tuner: Any, runs: list[TrialRun], fit_args: tuple, fit_kwargs: dict) -> None:
+def _fit_group(
+    tuner: Any,
+    runs: list[TrialRun],
+    fit_args: tuple,
+    fit_kwargs: dict,
+    outcomes: dict,
+    alone: dict,
+) -> None:
+    trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
     try:
-        pack = ModelPack([run.model for run in runs], fuse=tuner.fuse)
-        pack.compile(**_compile_args(runs))
+        # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
+        # scoring (best finite epoch, or INVALID) sees the same history.
+        pack = ModelPack([run.model for run in runs], fuse=tuner.fuse, on_nan="ignore")
+        callbacks = [cb for run in runs for cb in run.callbacks]
+        batch_hooks = tuner._uses_batch_hooks() or implements_batch_hooks(callbacks)
+        pack.compile(**_compile_args(runs, batch_hooks))
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
-        kwargs["callbacks"] = [PackTrials(pack, runs, kwargs["epochs"])]
+        hooks = PackTrialsWithBatches if batch_hooks else PackTrials
+        kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"])]
         values = runs[0].trial.hyperparameters.values
         kwargs["initial_epoch"] = values.get("tuner/initial_epoch", kwargs.get("initial_epoch", 0))
         batch_size = _batch_size(runs[0], fit_kwargs)
         if batch_size is not None:
             kwargs["batch_size"] = batch_size
         logger.info(
-            "Training trials %s as one pack (%s engine).",
-            ", ".join(run.trial.trial_id for run in runs),
+            "Training trials %s as one pack of %d models (%s engine).",
+            ", ".join(trial_ids),
+            len(runs),
             pack.engine,
         )
         pack.fit(*fit_args, **kwargs)
-    except errors.FatalError:
-        raise
+        for run in runs:
+            if run.execution == 0:
+                tuner._save_build_config(run.trial.trial_id, run.model)
     except Exception as e:
-        if len(runs) == 1:
-            runs[0].clear_checkpoint()
-            _fail(runs[0].trial, e)
+        for run in runs:
+            run.checkpoint.clear()
+        if len(trial_ids) == 1:
+            # Whatever a pack cannot do, KerasTuner's own code does (or raises its error).
+            alone[trial_ids[0]] = (runs[0].trial, f"its pack raised {type(e).__name__}: {e}")
             return
         logger.warning(
             "A pack of %d trials raised %s: %s; training each trial alone to find which.",
-            len(runs),
+            len(trial_ids),
             type(e).__name__,
             e,
         )
-        for run in runs:
-            run.clear_checkpoint()
-            alone = _prepare(tuner, run.trial, fit_kwargs)
-            if alone is not None:
-                _fit_group(tuner, [alone], fit_args, fit_kwargs)
-        return
-    for run in runs:
-        _report(tuner, run)
-
-
-def _report(tuner: Any, run: TrialRun) -> None:
-    trial = run.trial
-    if run.diverged_epoch is not None:
-        trial.status = TrialStatus.FAILED
-        trial.message = (
-            f"Diverged: the loss or gradients stopped being finite in epoch "
-            f"{run.diverged_epoch + 1}; the ModelPack froze this member."
-        )
-        logger.warning("Trial %s: %s", trial.trial_id, trial.message)
-    try:
-        results = run.results()
-        tuner_utils.validate_trial_results(results, tuner.oracle.objective, "ModelPack.fit()")
-        for epoch, logs in _epoch_logs(run):
-            tuner.oracle.update_trial(trial.trial_id, logs, step=epoch)
-        if not run.epochs:
-            raise errors.FailedTrialError("The trial trained for no epoch.")
-        tuner._save_build_config(trial.trial_id, run.model)
-    except Exception as e:
-        _fail(trial, e)
-        return
-    if trial.status not in (TrialStatus.FAILED, TrialStatus.INVALID):
-        trial.status = TrialStatus.COMPLETED
-
-
-def _epoch_logs(run: TrialRun) -> list[tuple[int, dict]]:
-    return [
-        (epoch, {key: values[i] for key, values in run.history.items()})
-        for i, epoch in enumerate(run.epochs)
-    ]
+        for trial in dict.fromkeys(run.trial for run in runs):
+            try:
+                again = _prepare(tuner, trial, fit_kwargs)
+            except Exception as error:
+                outcomes[trial.trial_id] = TrialOutcome(error=error)
+                continue
+            _fit_group(tuner, again, fit_args, fit_kwargs, outcomes, alone)
+            if trial.trial_id not in outcomes and trial.trial_id not in alone:
+                outcomes[trial.trial_id] = TrialOutcome(results=[r.results() for r in again])

@@ -1,8 +1,7 @@
-"""One trial inside a pack: its logs, checkpoint, callbacks and stopping, as if it ran alone."""
+"""One trial execution inside a pack: its logs, checkpoint and callbacks, as if it ran alone."""
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -10,8 +9,6 @@ import keras
 from keras_tuner.src.engine import trial as trial_module
 
 from keras_gpushare.tuner import _state
-
-logger = logging.getLogger("keras_gpushare.tuner")
 
 
 def member_logs(logs: dict | None, index: int) -> dict:
@@ -26,74 +23,101 @@ def member_logs(logs: dict | None, index: int) -> dict:
     return result
 
 
+def implements_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
+    """Whether a callback overrides a train-batch hook (which turns per-batch calls on)."""
+    base = keras.callbacks.Callback
+    names = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+    return any(
+        getattr(type(c), name) is not getattr(base, name) for c in callbacks for name in names
+    )
+
+
+class BestCheckpoint:
+    """KerasTuner's `SaveBestEpoch` for one trial, shared by all its executions.
+
+    Saves a model's weights when the objective improved on the best value seen in any
+    execution of the trial, or on every epoch when the logs do not hold the objective.
+
+    Args:
+        objective: the oracle's `keras_tuner.Objective`.
+        path: the trial's checkpoint file.
+    """
+
+    def __init__(self, objective: Any, path: str) -> None:
+        self.objective = objective
+        self.path = path
+        self.best = float("-inf") if objective.direction == "max" else float("inf")
+
+    def update(self, model: keras.Model, logs: dict) -> None:
+        if self.objective.has_value(logs):
+            value = self.objective.get_value(logs)
+            if not self.objective.better_than(value, self.best):
+                return
+            self.best = value
+        _state.save_weights(model, self.path)
+
+    def clear(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
 class TrialRun:
-    """What one trial needs while it trains as member `index` of a pack.
+    """One execution of a trial while it trains as member `index` of a pack.
 
     Args:
         tuner: the `ParallelTuner`.
         trial: the trial.
-        model: the trial's compiled model (becomes the pack member).
-        callbacks: the trial's own copies of the search's callbacks.
+        execution: the execution's number within the trial (0 for the first).
+        model: the execution's compiled model (becomes the pack member).
+        callbacks: the execution's own copies of the search's callbacks.
         last_epoch: the epoch count after which the trial stops (Hyperband budgets).
+        checkpoint: the trial's `BestCheckpoint`, shared by its executions.
     """
 
     def __init__(
         self,
         tuner: Any,
         trial: trial_module.Trial,
+        execution: int,
         model: keras.Model,
         callbacks: list[keras.callbacks.Callback],
         last_epoch: int,
+        checkpoint: BestCheckpoint,
     ) -> None:
         self.tuner = tuner
         self.trial = trial
+        self.execution = execution
         self.model = model
         self.callbacks = callbacks
         self.last_epoch = last_epoch
+        self.checkpoint = checkpoint
         self.index = -1
         self.active = True
-        self.diverged_epoch: int | None = None
         self.epochs: list[int] = []
         self.history: dict[str, list[float]] = {}
-        objective = tuner.oracle.objective
-        self._objective = objective
-        self._best = float("-inf") if objective.direction == "max" else float("inf")
-        self._checkpoint = tuner._get_checkpoint_fname(trial.trial_id)
 
     def record(self, epoch: int, logs: dict) -> None:
         self.epochs.append(epoch)
         for key, value in logs.items():
             self.history.setdefault(key, []).append(float(value))
 
-    def checkpoint(self, logs: dict) -> None:
-        """Saves the member's weights when the objective improved (KerasTuner's rule)."""
-        if self._objective.has_value(logs):
-            value = self._objective.get_value(logs)
-            if not self._objective.better_than(value, self._best):
-                return
-            self._best = value
-        _state.save_weights(self.model, self._checkpoint)
-
     def results(self) -> keras.callbacks.History:
-        """The trial's history, as `model.fit` would have returned it."""
+        """The execution's history, as `model.fit` would have returned it."""
         history = keras.callbacks.History()
         history.history = dict(self.history)
         history.epoch = list(self.epochs)
         history.set_model(self.model)
         return history
 
-    def clear_checkpoint(self) -> None:
-        if os.path.exists(self._checkpoint):
-            os.remove(self._checkpoint)
-
 
 class PackTrials(keras.callbacks.Callback):
-    """Dispatches the pack's `fit` events to each trial, under single-model log names.
+    """Dispatches the pack's `fit` events to each trial execution, under single-model names.
 
-    Each trial's callbacks see their own member as `self.model` and their own figures
+    Each execution's callbacks see their own member as `self.model` and their own figures
     (`val_loss`, not `val_m2_loss`); a callback that sets `model.stop_training` stops only
-    that member. Batch-level events are not forwarded (so `fit` keeps Keras's asynchronous
-    dispatch); epoch and train events are.
+    that member. Epoch and train events always reach them; train-batch events (and the
+    tuner's `on_batch_begin`/`on_batch_end`) only with `batch_hooks=True`, so that `fit`
+    otherwise keeps Keras's asynchronous dispatch.
 
     Args:
         pack: the `ModelPack` being trained.
@@ -129,18 +153,13 @@ class PackTrials(keras.callbacks.Callback):
         # Reading `members` refreshes the fused engine's member models from its stacked
         # weights, so checkpoints and callbacks see this epoch's weights.
         members = self._pack.members
-        status = self._pack.status
         for run in self._runs:
             if not run.active:
                 continue
             run.model = members[run.index]
             mlogs = member_logs(logs, run.index)
             run.record(epoch, mlogs)
-            if status[run.index] == "frozen:nan":
-                run.active = False
-                run.diverged_epoch = epoch
-                continue
-            run.checkpoint(mlogs)
+            run.checkpoint.update(run.model, mlogs)
             run.tuner.on_epoch_end(run.trial, run.model, epoch, logs=mlogs)
             for callback in run.callbacks:
                 callback.on_epoch_end(epoch, mlogs)
@@ -156,3 +175,23 @@ class PackTrials(keras.callbacks.Callback):
             mlogs = {k: v[-1] for k, v in run.history.items()}
             for callback in run.callbacks:
                 callback.on_train_end(mlogs)
+
+
+class PackTrialsWithBatches(PackTrials):
+    """`PackTrials` that also forwards train-batch events to each active execution."""
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        for run in self._runs:
+            if run.active:
+                mlogs = member_logs(logs, run.index)
+                run.tuner.on_batch_begin(run.trial, run.model, batch, mlogs)
+                for callback in run.callbacks:
+                    callback.on_train_batch_begin(batch, mlogs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        for run in self._runs:
+            if run.active:
+                mlogs = member_logs(logs, run.index)
+                run.tuner.on_batch_end(run.trial, run.model, batch, mlogs)
+                for callback in run.callbacks:
+                    callback.on_train_batch_end(batch, mlogs)

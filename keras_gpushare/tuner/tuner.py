@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
+import traceback
+import warnings
 from typing import Any
 
 import keras
 import keras_tuner
+from keras_tuner import errors
+from keras_tuner.src import config as kt_config
 from keras_tuner.src import utils as kt_utils
-from keras_tuner.src.engine import hypermodel as hm_module
+from keras_tuner.src.distribute import utils as dist_utils
 from keras_tuner.src.engine import trial as trial_module
+from keras_tuner.src.engine import tuner_utils
 from keras_tuner.src.engine.tuner import maybe_compute_model_size
 
 from keras_gpushare.tuner import _state
@@ -19,6 +26,20 @@ logger = logging.getLogger("keras_gpushare.tuner")
 
 TrialStatus = trial_module.TrialStatus
 _EXECUTORS = ("pack", "processes")
+# Arguments of KerasTuner's built-in tuners (RandomSearch, ...) that configure the oracle.
+_ORACLE_ARGUMENTS = (
+    "hyperparameters",
+    "tune_new_entries",
+    "allow_new_entries",
+    "max_retries_per_trial",
+    "max_consecutive_failed_trials",
+)
+# Set by the processes executor in its worker processes (see `_process_executor`).
+WORKER_ENV = "KERAS_GPUSHARE_TUNER_WORKER"
+# Set by a worker process while it imports the user's script to find the hypermodel there.
+IMPORTING_MAIN_ENV = "KERAS_GPUSHARE_TUNER_IMPORTING_MAIN"
+STOP_IMPORT_CODE = 79
+_REMOTE_IDLE_WAIT_S = 1.0  # pause before a remote worker asks an IDLE chief again
 
 
 class ParallelTuner(keras_tuner.Tuner):
@@ -26,16 +47,27 @@ class ParallelTuner(keras_tuner.Tuner):
 
     With `executor="pack"`, each round of up to K trials is built by the hypermodel and
     trained together as `ModelPack`s (one per batch size; same-architecture trials in their
-    own pack so they can be fused). Each trial still reports its own per-epoch metrics to
-    the oracle, writes its own checkpoint in its trial folder, is stopped early alone
-    (a callback that stops "its" model stops only that member) and fails alone (a trial
-    that raises while building, or whose loss stops being finite, is marked failed while
-    the rest of its pack completes).
+    own pack so they can be fused). With `executions_per_trial=E`, each trial's E
+    executions are members of the pack too. Each trial is then scored, checkpointed and
+    ended exactly as KerasTuner's `Tuner.run_trial` would: its callbacks see its own model
+    and figures, a callback that stops "its" model stops only that member, a trial that
+    raises fails alone (INVALID, retried up to `max_retries_per_trial` times, or FAILED),
+    and a `keras_tuner.errors.FatalError` ends the search after the round's other trials
+    are recorded.
+
+    Trials that KerasTuner's own code must run (a subclass overriding `run_trial` or
+    `_build_and_fit_model`, a hypermodel overriding `HyperModel.fit`, a
+    `distribution_strategy`) run one at a time in this process with the pack executor, as
+    in KerasTuner; the processes executor runs them in parallel. So does, after the round's
+    packs, a trial whose model trains itself (overrides `fit`, `train_step`, `test_step`
+    or `compute_loss`) or whose own pack raises.
 
     With `executor="processes"`, K worker processes share the device (each calls
     `kg.share_gpu`) and take trials from a chief in this process over KerasTuner's own
-    gRPC protocol on 127.0.0.1; a worker that dies is restarted and its trial run again.
-    Workers on other machines can join the same chief (see `docs/tuner.md`).
+    gRPC protocol on 127.0.0.1; each worker rebuilds this tuner (your subclass, with your
+    arguments) and runs one trial at a time with KerasTuner's `run_trial`; a worker that
+    dies is restarted and its trial run again. Workers on other machines can join the same
+    chief (see `docs/tuner.md`).
 
     Everything else is KerasTuner's: the oracles, `search`, `results_summary`,
     `get_best_models`, `get_best_hyperparameters` and the project folder. A search that is
@@ -45,12 +77,14 @@ class ParallelTuner(keras_tuner.Tuner):
     Args:
         hypermodel: a `keras_tuner.HyperModel` or a function `build(hp)` returning a
             compiled `keras.Model`. A hyperparameter named `"batch_size"` sets a trial's
-            batch size. Defaults to `None`.
+            batch size. Optional only in a subclass that overrides `run_trial`. Defaults
+            to `None`.
         oracle: a `keras_tuner.Oracle` (RandomSearch, BayesianOptimization, Hyperband,
             GridSearch, ...); `None` makes a `RandomSearchOracle` from `objective`,
-            `max_trials` and `seed`. Defaults to `None`.
-        objective: the objective for the default oracle, e.g. `"val_loss"`. Defaults to
-            `None`.
+            `max_trials`, `seed` and the other oracle arguments below. Defaults to `None`.
+        objective: the objective for the default oracle: a metric name such as
+            `"val_loss"`, a `keras_tuner.Objective`, or a list of them (multi-objective).
+            Defaults to `None`.
         max_trials: trials in all, for the default oracle. Defaults to `None` (10).
         parallel_trials: trials running at once (pack size or worker count). Defaults to
             `4`.
@@ -63,8 +97,11 @@ class ParallelTuner(keras_tuner.Tuner):
         directory: the folder holding projects. Defaults to `None` (the current folder).
         project_name: the project's folder name. Defaults to `None` ("untitled_project").
         overwrite: start afresh instead of resuming the project. Defaults to `False`.
-        **kwargs: other `keras_tuner.Tuner` arguments (`max_model_size`, `optimizer`,
-            `loss`, `metrics`, `executions_per_trial` with `executor="processes"`).
+        **kwargs: the default oracle's other arguments, as `keras_tuner.RandomSearch` takes
+            them (`hyperparameters`, `tune_new_entries`, `allow_new_entries`,
+            `max_retries_per_trial`, `max_consecutive_failed_trials`), and the other
+            `keras_tuner.Tuner` arguments (`max_model_size`, `optimizer`, `loss`,
+            `metrics`, `executions_per_trial`, `distribution_strategy`, `tuner_id`).
 
     Example:
 
@@ -88,10 +125,17 @@ class ParallelTuner(keras_tuner.Tuner):
         build, objective="val_loss", max_trials=4, parallel_trials=4, seed=1,
         directory="/tmp/kg_tuner_doc", project_name="example", overwrite=True,
     )
-    tuner.search(x, y, epochs=2, validation_split=0.25, verbose=0)
+    tuner.search(x, y, epochs=2, validation_split=0.25)
     best_hp = tuner.get_best_hyperparameters()[0]
     ```
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ParallelTuner:
+        tuner = super().__new__(cls)
+        # The processes executor's workers rebuild this tuner, subclass included, from the
+        # arguments it was made with.
+        tuner._init_call = (args, dict(kwargs))
+        return tuner
 
     def __init__(
         self,
@@ -110,26 +154,50 @@ class ParallelTuner(keras_tuner.Tuner):
         **kwargs: Any,
     ) -> None:
         _check_arguments(parallel_trials, executor, fuse, memory_limit_mb)
-        if executor == "pack":
-            _check_pack_arguments(hypermodel, kwargs)
+        if hypermodel is None and _overrides(type(self), "run_trial") is None:
+            # KerasTuner's own check; ParallelTuner overrides `run_trial`, which hides it.
+            raise ValueError(
+                "Received `hypermodel=None`. We only allow not specifying "
+                "`hypermodel` if the user defines the search space in "
+                "`Tuner.run_trial()` by subclassing a `Tuner` class without "
+                "using a `HyperModel` instance."
+            )
+        if oracle is not None and not isinstance(oracle, keras_tuner.Oracle):
+            # KerasTuner's own error (BaseTuner's), raised before any work.
+            raise ValueError(
+                "Expected `oracle` argument to be an instance of `Oracle`. "
+                f"Received: oracle={oracle} (of type ({type(oracle)})."
+            )
+        oracle_kwargs = {k: kwargs.pop(k) for k in _ORACLE_ARGUMENTS if k in kwargs}
         if oracle is None:
             oracle = keras_tuner.oracles.RandomSearchOracle(
-                objective=objective, max_trials=10 if max_trials is None else max_trials, seed=seed
+                objective=objective,
+                max_trials=10 if max_trials is None else max_trials,
+                seed=seed,
+                **oracle_kwargs,
             )
-        elif objective is not None or max_trials is not None or seed is not None:
+        elif objective is not None or max_trials is not None or seed is not None or oracle_kwargs:
+            default_oracle_args = {"objective": objective, "max_trials": max_trials, "seed": seed}
+            given = [k for k, v in default_oracle_args.items() if v is not None]
+            given += list(oracle_kwargs)
             raise ValueError(
-                "Invalid arguments: got an `oracle` together with `objective`, `max_trials` "
-                "or `seed`. These set up the default oracle only; pass them to your oracle "
-                "instead, e.g. `RandomSearchOracle(objective='val_loss', max_trials=20, seed=1)`."
+                f"Invalid arguments: got an `oracle` together with {sorted(given)}. These "
+                "set up the default oracle only; pass them to your oracle instead, e.g. "
+                "`RandomSearchOracle(objective='val_loss', max_trials=20, seed=1)`."
             )
+        if os.environ.get(WORKER_ENV):
+            # A worker process never wipes the chief's project, and keeps the id it was given.
+            overwrite = False
+            kwargs.pop("tuner_id", None)
         self.parallel_trials = parallel_trials
         self.executor = executor
         self.fuse = fuse
         self.memory_limit_mb = memory_limit_mb
-        self._tuner_kwargs = dict(kwargs)
-        cap = parallel_trials if executor == "pack" else None
         super().__init__(
-            oracle=ParallelOracle(oracle, parallel_trials=cap),
+            # No cap on running trials in the oracle itself: each round asks for K trials,
+            # and a caller of `tuner.oracle` (KerasTuner's distributed workers, say) gets
+            # what the wrapped oracle would give it.
+            oracle=ParallelOracle(oracle),
             hypermodel=hypermodel,
             directory=directory,
             project_name=project_name,
@@ -148,64 +216,167 @@ class ParallelTuner(keras_tuner.Tuner):
                 validation_data=(x_val, y_val), callbacks=[...]`. Callbacks must be
                 deep-copyable (each trial gets its own copy).
         """
-        if self._is_worker():
-            from keras_gpushare.tuner import workers
-
-            workers.run_worker(self, fit_args, fit_kwargs)
-            return
-        if "verbose" in fit_kwargs:
+        if os.environ.get(IMPORTING_MAIN_ENV):
+            # A worker process is importing the user's script to find the hypermodel and
+            # reached the script's own search: everything it needs is defined by now.
+            raise SystemExit(STOP_IMPORT_CODE)
+        if "verbose" in fit_kwargs and (
+            not dist_utils.has_chief_oracle() or dist_utils.is_chief_oracle()
+        ):
             self.oracle.verbose = fit_kwargs["verbose"]
+        if self._is_worker():
+            self._search_as_worker(fit_args, fit_kwargs)
+            return
         # Write the project state before any trial exists, so that a run killed from
         # here on is always resumed (KerasTuner reloads only when the tuner file exists).
         self.save()
-        if self.executor == "processes":
-            from keras_gpushare.tuner import workers
+        if self.executor == "processes" or dist_utils.is_chief_oracle():
+            from keras_gpushare.tuner import _process_executor
 
-            workers.run_chief(self, fit_args, fit_kwargs)
+            _process_executor.run_chief(self, fit_args, fit_kwargs)
             return
-        self._search_packs(fit_args, fit_kwargs)
+        self.on_search_begin()
+        if self._runs_alone() is None:
+            self._search_rounds(fit_args, fit_kwargs, remote=False)
+        else:
+            self._search_one_at_a_time(fit_args, fit_kwargs, remote=False)
+        self.on_search_end()
 
-    def _search_packs(self, fit_args: tuple, fit_kwargs: dict) -> None:
+    def _search_as_worker(self, fit_args: tuple, fit_kwargs: dict) -> None:
+        """A worker of a chief (KerasTuner's distributed tuning, or our processes)."""
+        self.on_search_begin()
+        if self.executor == "pack" and self._runs_alone() is None:
+            self._search_rounds(fit_args, fit_kwargs, remote=True)
+        else:
+            self._search_one_at_a_time(fit_args, fit_kwargs, remote=True)
+        self.on_search_end()
+
+    def _runs_alone(self) -> str | None:
+        """Why this tuner's trials must run one at a time through KerasTuner's code, if so."""
+        reasons = []
+        for method in ("run_trial", "_build_and_fit_model"):
+            owner = _overrides(type(self), method)
+            if owner is not None:
+                reasons.append(f"{owner.__name__} overrides `{method}`")
+            elif method in vars(self):
+                reasons.append(f"this tuner's `{method}` is replaced")
+        if self.hypermodel is not None and type(self.hypermodel).fit is not (
+            keras_tuner.HyperModel.fit
+        ):
+            reasons.append(f"{type(self.hypermodel).__name__} overrides `HyperModel.fit`")
+        if self.distribution_strategy is not None:
+            reasons.append("a `distribution_strategy` is set")
+        if not reasons:
+            return None
+        reason = "; ".join(reasons)
+        if self.executor == "pack" and not getattr(self, "_warned_alone", False):
+            self._warned_alone = True
+            message = (
+                f"ParallelTuner runs each trial alone, one at a time, as KerasTuner does, "
+                f"because {reason}: such trials cannot train together in one pack. Use "
+                'executor="processes" to run them in parallel, or tune the batch size with '
+                'a hyperparameter named "batch_size" instead of overriding `fit`.'
+            )
+            warnings.warn(message, stacklevel=3)
+            logger.warning(message)
+        return reason
+
+    def _uses_batch_hooks(self) -> bool:
+        return any(_overrides(type(self), n) for n in ("on_batch_begin", "on_batch_end"))
+
+    def _search_one_at_a_time(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
+        """KerasTuner's own loop, waiting instead of spinning while the oracle is IDLE."""
+        while True:
+            self.pre_create_trial()
+            trial = self.oracle.create_trial(self.tuner_id)
+            if trial.status == TrialStatus.STOPPED:
+                break
+            if trial.status == TrialStatus.IDLE:
+                if not remote:
+                    _warn_idle()
+                    break
+                time.sleep(_REMOTE_IDLE_WAIT_S)
+                continue
+            self.on_trial_begin(trial)
+            self._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
+            self.on_trial_end(trial)
+
+    def _search_rounds(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
         from keras_gpushare.tuner import _pack_executor
 
         slots = [f"{self.tuner_id}-{i}" for i in range(self.parallel_trials)]
-        self.on_search_begin()
         while True:
-            trials, stopped = self._next_round(slots)
+            trials, stopped = self._next_round(slots, remote)
             if not trials:
-                break
+                if stopped:
+                    break
+                if not remote:
+                    _warn_idle()
+                    break
+                time.sleep(_REMOTE_IDLE_WAIT_S)
+                continue
             for trial in trials:
                 self.on_trial_begin(trial)
-            _pack_executor.run_trials(self, trials, fit_args, fit_kwargs)
-            error = None
-            for trial in trials:
-                try:
-                    self.on_trial_end(trial)
-                except RuntimeError as e:
-                    error = error or e
-            if error is not None:
-                raise error
-            if stopped:
-                break
-        self.on_search_end()
+            outcomes = _pack_executor.run_trials(self, trials, fit_args, fit_kwargs)
+            self._end_round(trials, outcomes)
 
-    def _next_round(self, slots: list[str]) -> tuple[list[trial_module.Trial], bool]:
-        trials = []
+    def _next_round(self, slots: list[str], remote: bool) -> tuple[list, bool]:
+        """Up to one trial per slot; whether the oracle answered STOPPED to every slot.
+
+        Every slot asks, even after a STOPPED answer, so that each of them is told to stop
+        (a distributed chief waits for every tuner id it has seen to be told).
+        """
+        trials, stopped = [], True
         for slot in slots:
             self.pre_create_trial()
             trial = self.oracle.create_trial(slot)
-            if trial.status == TrialStatus.STOPPED:
-                return trials, True
-            if trial.status == TrialStatus.IDLE:
-                if not trials and not self.oracle.ongoing_trials:
-                    logger.warning(
-                        "The oracle answered IDLE with no trial running, so no trial end can "
-                        "change its answer; ending the search."
-                    )
-                    return trials, True
-                break
-            trials.append(trial)
-        return trials, False
+            if trial.status == TrialStatus.RUNNING:
+                trials.append(trial)
+            if trial.status != TrialStatus.STOPPED:
+                stopped = False
+        return trials, stopped
+
+    def _end_round(self, trials: list, outcomes: dict) -> None:
+        """Records and ends each trial as `BaseTuner._try_run_and_update_trial` would.
+
+        A `FatalError` (or an error the oracle raises while ending a trial, such as too
+        many consecutive failures) is raised once the round's other trials are ended.
+        """
+        error = None
+        for trial in trials:
+            try:
+                self._record_outcome(trial, outcomes[trial.trial_id])
+            except errors.FatalError as e:
+                error = error or e
+                continue
+            try:
+                self.on_trial_end(trial)
+            except Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
+
+    def _record_outcome(self, trial: trial_module.Trial, outcome: Any) -> None:
+        try:
+            if outcome.error is not None:
+                raise outcome.error
+            results = outcome.results
+            tuner_utils.validate_trial_results(results, self.oracle.objective, "Tuner.run_trial()")
+            self.oracle.update_trial(
+                trial.trial_id,
+                tuner_utils.convert_to_metrics_dict(results, self.oracle.objective),
+                step=tuner_utils.get_best_step(results, self.oracle.objective),
+            )
+            trial.status = TrialStatus.COMPLETED
+        except Exception as e:
+            if isinstance(e, errors.FatalError):
+                raise
+            if kt_config.DEBUG:
+                traceback.print_exc()
+            failed = isinstance(e, errors.FailedTrialError)
+            trial.status = TrialStatus.FAILED if failed else TrialStatus.INVALID
+            trial.message = traceback.format_exc()
+            logger.warning("Trial %s: %s: %s", trial.trial_id, type(e).__name__, e)
 
     # Building ----------------------------------------------------------------------------
 
@@ -213,15 +384,13 @@ class ParallelTuner(keras_tuner.Tuner):
         """`Tuner._try_build` without `clear_session` (the round's other models live on)."""
         model = self._build_hypermodel(hp)
         if not isinstance(model, keras.Model):
-            raise keras_tuner.errors.FatalTypeError(
+            raise errors.FatalTypeError(
                 "Expected the model-building function, or HyperModel.build() to return a "
-                f"keras.Model. Received: {model!r} of type {type(model).__name__}."
+                f"valid Keras Model instance. Received: {model} of type {type(model)}."
             )
         size = maybe_compute_model_size(model)
         if self.max_model_size and size > self.max_model_size:
-            raise keras_tuner.errors.FailedTrialError(
-                f"Oversized model: {size} parameters. Skip model."
-            )
+            raise errors.FailedTrialError(f"Oversized model: {size} parameters. Skip model.")
         return model
 
     def _build_hypermodel(self, hp: Any) -> keras.Model:
@@ -235,12 +404,17 @@ class ParallelTuner(keras_tuner.Tuner):
         return model
 
     def run_trial(self, trial: trial_module.Trial, *fit_args: Any, **fit_kwargs: Any) -> Any:
-        """Runs one trial alone (the processes executor's workers), honouring Hyperband."""
+        """Runs one trial alone with KerasTuner's `Tuner.run_trial`, honouring Hyperband.
+
+        Used for trials that run one at a time (worker processes, `run_trial` or
+        `HyperModel.fit` overrides); a subclass may override it as in KerasTuner.
+        """
         values = trial.hyperparameters.values
         if "tuner/epochs" in values:
             fit_kwargs["epochs"] = values["tuner/epochs"]
             fit_kwargs["initial_epoch"] = values["tuner/initial_epoch"]
-        if "batch_size" in values:
+        plain_fit = type(self.hypermodel).fit is keras_tuner.HyperModel.fit
+        if "batch_size" in values and plain_fit:
             fit_kwargs["batch_size"] = values["batch_size"]
         return super().run_trial(trial, *fit_args, **fit_kwargs)
 
@@ -254,6 +428,23 @@ class ParallelTuner(keras_tuner.Tuner):
         if not self._is_worker():
             self.oracle.save()
         _state.write_json(self._get_tuner_fname(), self.get_state())
+
+
+def _overrides(cls: type, name: str) -> type | None:
+    """The class below `ParallelTuner` in `cls`'s MRO that defines `name`, if any."""
+    for klass in cls.__mro__:
+        if klass is ParallelTuner:
+            return None
+        if name in vars(klass):
+            return klass
+    return None
+
+
+def _warn_idle() -> None:
+    logger.warning(
+        "The oracle answered IDLE with no trial running, so no trial end can change its "
+        "answer; ending the search."
+    )
 
 
 def _check_arguments(parallel_trials: Any, executor: Any, fuse: Any, memory_limit_mb: Any) -> None:
@@ -282,28 +473,4 @@ def _check_arguments(parallel_trials: Any, executor: Any, fuse: Any, memory_limi
         raise ValueError(
             f"Invalid value for argument `memory_limit_mb`: got {memory_limit_mb!r}. Expected "
             "a positive integer (MiB per worker), or None for memory growth."
-        )
-
-
-def _check_pack_arguments(hypermodel: Any, kwargs: dict) -> None:
-    if kwargs.get("executions_per_trial", 1) != 1:
-        raise ValueError(
-            "Invalid value for argument `executions_per_trial`: got "
-            f'{kwargs["executions_per_trial"]!r} with executor="pack", which runs each trial '
-            'once. Use executor="processes" for several executions per trial.'
-        )
-    if kwargs.get("distribution_strategy") is not None:
-        raise ValueError(
-            'Invalid argument `distribution_strategy` with executor="pack": a pack trains '
-            'its trials on one device. Remove it, or use executor="processes".'
-        )
-    if hypermodel is None:
-        return
-    hm = hm_module.get_hypermodel(hypermodel)
-    if type(hm).fit is not keras_tuner.HyperModel.fit:
-        raise ValueError(
-            f"Invalid value for argument `hypermodel`: {type(hm).__name__} overrides "
-            '`HyperModel.fit`, which executor="pack" cannot call (its trials train together '
-            'in one `fit`). Tune the batch size with a hyperparameter named "batch_size" '
-            'instead, or use executor="processes", which calls your `fit` for each trial.'
         )

@@ -1,0 +1,358 @@
+"""The tuner's chief: KerasTuner's gRPC oracle service, and the "processes" executor's workers.
+
+The chief serves the `ParallelOracle` with KerasTuner's own `Oracle` gRPC service, so any
+KerasTuner worker can join it: the worker processes started here (executor="processes"),
+and processes on other machines started with `KERASTUNER_ORACLE_IP`,
+`KERASTUNER_ORACLE_PORT` and a unique `KERASTUNER_TUNER_ID`. A worker process rebuilds the
+user's tuner (its class and arguments, sent by reference) and runs KerasTuner's worker loop;
+`_process_worker` is its entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import keras_tuner
+from keras_tuner.src import protos
+from keras_tuner.src.distribute import oracle_chief
+from keras_tuner.src.distribute import utils as dist_utils
+from keras_tuner.src.engine import trial as trial_module
+
+logger = logging.getLogger("keras_gpushare.tuner")
+
+TrialStatus = trial_module.TrialStatus
+
+_IDLE_WAIT_S = 1.0  # how long the chief holds a CreateTrial while the oracle is IDLE
+_POLL_S = 0.2  # how often the chief checks its worker processes and the oracle
+_MAX_WORKER_DEATHS = 3  # deaths of one worker slot in a row (no trial ended) before it gives up
+_REMOTE_WAIT_LOG_S = 30.0
+WORKER_ENTRY = "keras_gpushare.tuner._process_worker"
+FATAL_EXIT_CODE = 80  # a worker's trial raised a `keras_tuner.errors.FatalError`
+
+
+# What a worker needs -----------------------------------------------------------------------
+
+
+@dataclass
+class WorkerHeader:
+    """How to set a worker process up before it unpickles anything of the user's."""
+
+    sys_path: list
+    cwd: str
+    main_path: str | None  # the user's script, to run as `__mp_main__`, when needed
+    memory_limit_mb: int | None
+
+
+def placeholder_oracle(objective: Any, max_trials: Any, allow_new: bool, tune_new: bool) -> Any:
+    """Stands in a worker for the chief's oracle (KerasTuner replaces it by a client)."""
+    return keras_tuner.Oracle(
+        objective=objective,
+        max_trials=max_trials,
+        allow_new_entries=allow_new,
+        tune_new_entries=tune_new,
+    )
+
+
+class _SpecPickler(pickle.Pickler):
+    """Pickles the tuner's arguments; notes what is defined in `__main__`; swaps the oracle."""
+
+    def __init__(self, file: Any, oracles: tuple, placeholder: tuple) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._oracles = {id(o) for o in oracles}
+        self._placeholder = placeholder
+        self.main_names: list[str] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if id(obj) in self._oracles:
+            return placeholder_oracle, self._placeholder
+        if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            self.main_names.append(obj.__qualname__)
+        return NotImplemented
+
+
+def _spec_bytes(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> tuple[bytes, list[str]]:
+    import io
+
+    oracle = tuner.oracle
+    inner = getattr(oracle, "oracle", oracle)
+    placeholder = (
+        inner.objective,
+        inner.max_trials,
+        inner.allow_new_entries,
+        inner.tune_new_entries,
+    )
+    args, kwargs = tuner._init_call
+    buffer = io.BytesIO()
+    pickler = _SpecPickler(buffer, (oracle, inner), placeholder)
+    try:
+        pickler.dump((type(tuner), args, kwargs, fit_args, fit_kwargs))
+    except Exception as e:
+        raise ValueError(
+            'executor="processes" sends your tuner\'s class and arguments, the hypermodel '
+            f"and the arguments of `search` to the worker processes by pickling them, and "
+            f"pickling failed: {e}. Define the build function at module level (not a lambda "
+            "or a nested function), pass NumPy arrays rather than tf.data datasets, or use "
+            'executor="pack".'
+        ) from None
+    return buffer.getvalue(), sorted(set(pickler.main_names))
+
+
+def _importable_main() -> str | None:
+    """The path of the `__main__` script, when it is a file a worker can run again."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or not os.path.isfile(path) or not path.endswith(".py"):
+        return None
+    return os.path.abspath(path)
+
+
+def _check_main(main_names: list[str]) -> str | None:
+    """The script workers must import to find `main_names`, or a clear error."""
+    if not main_names:
+        return None
+    path = _importable_main()
+    if path is None:
+        names = ", ".join(f"`{n}`" for n in main_names)
+        raise ValueError(
+            f'executor="processes" cannot send {names} to its worker processes: '
+            f"{'it is' if len(main_names) == 1 else 'they are'} defined in `__main__` of an "
+            "interactive session (a notebook, `python -c` or a script read from standard "
+            "input), which a worker process cannot import. Define it in a module file and "
+            "import it from there (e.g. `from my_search import build`), run the search from "
+            'a script file, or use executor="pack", which runs in this process.'
+        )
+    return path
+
+
+# Chief side -------------------------------------------------------------------------------
+
+
+class _ChiefServicer(oracle_chief.OracleServicer):
+    """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE."""
+
+    def CreateTrial(self, request: Any, context: Any) -> Any:
+        trial = self.oracle.wait_for_trial(request.tuner_id, timeout=_IDLE_WAIT_S)
+        if trial.status == TrialStatus.STOPPED:
+            self.stop_triggered = True
+        return protos.get_service().CreateTrialResponse(trial=trial.to_proto())
+
+
+@dataclass
+class _Slot:
+    tuner_id: str
+    process: Any = None
+    deaths: int = 0
+    ended_at_death: int = -1
+    finished: bool = False
+    gave_up: bool = False
+    history: list = field(default_factory=list)
+
+
+def _chief_address() -> tuple[str, str]:
+    """(address to bind, address local workers dial)."""
+    if dist_utils.is_chief_oracle():
+        ip = os.environ["KERASTUNER_ORACLE_IP"]
+        port = os.environ["KERASTUNER_ORACLE_PORT"]
+        dial = "127.0.0.1" if ip in ("0.0.0.0", "::", "[::]") else ip
+        return f"{ip}:{port}", dial
+    return "127.0.0.1:0", "127.0.0.1"
+
+
+def _start_server(oracle: Any, bind: str, threads: int) -> tuple[grpc.Server, int, Any]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+    servicer = _ChiefServicer(oracle)
+    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    try:
+        port = server.add_insecure_port(bind)
+    except RuntimeError as e:
+        port, reason = 0, str(e)
+    else:
+        reason = "the address is in use or not valid here"
+    if not port:
+        raise RuntimeError(
+            f"The tuner's chief could not listen on {bind}: {reason}. Set "
+            "KERASTUNER_ORACLE_PORT to a free port (or unset KERASTUNER_ORACLE_IP to let the "
+            "tuner pick one on 127.0.0.1)."
+        )
+    server.start()
+    return server, port, servicer
+
+
+def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
+    """Serves the oracle until the search is done, with K local workers for "processes".
+
+    With executor="pack" (a KerasTuner chief, `KERASTUNER_TUNER_ID=chief`), the chief only
+    serves, as KerasTuner's does: its workers run the trials, in packs.
+    """
+    local = tuner.parallel_trials if tuner.executor == "processes" else 0
+    spec_path = None
+    if local:
+        spec, main_names = _spec_bytes(tuner, fit_args, fit_kwargs)
+        main_path = _check_main(main_names)
+        header = WorkerHeader(
+            sys_path=list(sys.path),
+            cwd=os.getcwd(),
+            main_path=main_path,
+            memory_limit_mb=tuner.memory_limit_mb,
+        )
+        fd, spec_path = tempfile.mkstemp(prefix="kg-tuner-spec-", suffix=".pkl")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(header, f)
+            f.write(spec)
+    oracle = tuner.oracle
+    bind, dial = _chief_address()
+    server, port, servicer = _start_server(oracle, bind, threads=max(local, 1) + 4)
+    logger.info(
+        "Tuner chief listening on %s (port %d)%s.",
+        bind.rsplit(":", 1)[0],
+        port,
+        f"; starting {local} worker processes" if local else "",
+    )
+    slots = [_Slot(f"worker{i}") for i in range(local)]
+
+    def start(slot: _Slot) -> None:
+        env = {
+            **os.environ,
+            "KERASTUNER_TUNER_ID": slot.tuner_id,
+            "KERASTUNER_ORACLE_IP": dial,
+            "KERASTUNER_ORACLE_PORT": str(port),
+            "KERAS_GPUSHARE_TUNER_WORKER": slot.tuner_id,
+        }
+        command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
+        slot.process = subprocess.Popen(command, env=env)
+
+    tuner.on_search_begin()
+    try:
+        for slot in slots:
+            start(slot)
+        if slots:
+            _supervise(oracle, slots, start, spec_path)
+        else:
+            _serve_remote(oracle, servicer)
+    finally:
+        for slot in slots:
+            _stop_process(slot.process)
+        server.stop(grace=1.0)
+        if spec_path is not None:
+            for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
+                if os.path.exists(path):
+                    os.remove(path)
+    if oracle.fatal_error is not None:
+        raise oracle.fatal_error
+    tuner.on_search_end()
+
+
+def _serve_remote(oracle: Any, servicer: Any) -> None:
+    """KerasTuner's chief loop: until told to stop, no trial runs and every worker left."""
+    last_log = time.monotonic()
+    while True:
+        if oracle.fatal_error is not None:
+            return
+        if servicer.stop_triggered and not oracle.ongoing_trials and not oracle.tuner_ids:
+            return
+        if time.monotonic() - last_log > _REMOTE_WAIT_LOG_S:
+            logger.info(
+                "Chief waiting for workers %s; trials running: %s",
+                sorted(oracle.tuner_ids),
+                {k: t.trial_id for k, t in oracle.ongoing_trials.items()},
+            )
+            last_log = time.monotonic()
+        time.sleep(_POLL_S)
+
+
+def _supervise(oracle: Any, slots: list[_Slot], start: Any, spec_path: str) -> None:
+    last_remote_log = time.monotonic()
+    while True:
+        if oracle.fatal_error is not None:
+            return
+        for slot in slots:
+            if slot.finished:
+                continue
+            code = slot.process.poll()
+            if code is None:
+                continue
+            if code == 0:
+                slot.finished = True
+                continue
+            if code == FATAL_EXIT_CODE:
+                oracle.fatal_error = _worker_fatal_error(fatal_path(spec_path, slot.tuner_id))
+                return
+            _handle_death(oracle, slot, code, start)
+        if all(slot.finished for slot in slots):
+            if not oracle.ongoing_trials:
+                break
+            if time.monotonic() - last_remote_log > _REMOTE_WAIT_LOG_S:
+                logger.info("Waiting for trials on other workers: %s", dict(oracle.ongoing_trials))
+                last_remote_log = time.monotonic()
+        time.sleep(_POLL_S)
+    unfinished = list(oracle._retry_queue)
+    if any(slot.gave_up for slot in slots) and (
+        unfinished or not any(s.finished and not s.gave_up for s in slots)
+    ):
+        raise RuntimeError(
+            "The search stopped before it was done: every worker process died repeatedly "
+            f"(exit codes {[s.history for s in slots]}); trials left to run: {unfinished}. "
+            "See the workers' output above for the cause; run the same script again with "
+            "overwrite=False to resume."
+        )
+
+
+def fatal_path(spec_path: str, tuner_id: str) -> str:
+    """Where worker `tuner_id` leaves the `FatalError` that ended it."""
+    return f"{spec_path}.{tuner_id}.fatal"
+
+
+def _worker_fatal_error(path: str) -> BaseException:
+    from keras_tuner import errors
+
+    try:
+        with open(path, "rb") as f:
+            error = pickle.load(f)
+    except Exception as e:
+        error = errors.FatalError(f"A worker process ended the search (its error is lost: {e}).")
+    return error
+
+
+def _handle_death(oracle: Any, slot: _Slot, code: int, start: Any) -> None:
+    reason = (
+        f"worker {slot.tuner_id} killed by signal {-code}"
+        if code < 0
+        else f"worker {slot.tuner_id} exited with code {code}"
+    )
+    slot.history.append(code)
+    if oracle.fatal_error is not None:
+        slot.finished = True
+        return
+    oracle.requeue(slot.tuner_id, reason)
+    ended = len(oracle.end_order)
+    slot.deaths = 1 if ended > slot.ended_at_death else slot.deaths + 1
+    slot.ended_at_death = ended
+    if slot.deaths > _MAX_WORKER_DEATHS:
+        logger.error("%s; it died %d times in a row, not restarting it.", reason, slot.deaths)
+        slot.finished = slot.gave_up = True
+        oracle.release(slot.tuner_id)
+        return
+    logger.warning("%s; restarting it.", reason)
+    start(slot)
+
+
+def _stop_process(process: Any) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
