@@ -42,6 +42,20 @@ def check_members(members: Any) -> list[keras.Model]:
             )
         if isinstance(member, _pack_class()):
             raise TypeError(f"Invalid member {i}: a ModelPack cannot be a member of a ModelPack.")
+    for i, member in enumerate(members):
+        own = [
+            name
+            for name in ("train_step", "test_step")
+            if getattr(type(member), name) is not getattr(keras.Model, name)
+        ]
+        if own:
+            raise ValueError(
+                f"Invalid member {i}: `{type(member).__name__}` writes its own "
+                f"{' and '.join(f'`{name}`' for name in own)}, and a ModelPack trains and "
+                "evaluates its members with its own step (every member's loss, gradients and "
+                "update in one). Move the custom logic to `compute_loss` (the graph engine "
+                "calls it) or train this model alone."
+            )
     seen: dict[int, int] = {}
     for i, member in enumerate(members):
         if id(member) in seen:

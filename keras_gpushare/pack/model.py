@@ -222,6 +222,18 @@ class ModelPack(keras.Model):
         codes = keras.ops.convert_to_numpy(self._status.value).copy()
         codes[index] = code
         self._status.assign(codes)
+        self._sync_member_mask()
+
+    def _sync_member_mask(self) -> None:
+        """The vectorized optimizer updates exactly the members whose status is active.
+
+        With `on_nan="ignore"` it applies non-finite steps as Keras does, so it can no longer
+        tell a stopped member by its (deliberately non-finite) gradients.
+        """
+        optimizer = getattr(self, "optimizer", None)
+        if isinstance(optimizer, VectorizedOptimizer):
+            codes = keras.ops.convert_to_numpy(self._status.value)
+            optimizer.member_mask.assign((codes == ACTIVE).astype("float32"))
 
     def member(self, index: int) -> keras.Model:
         """Returns a standalone copy of member `index`: weights, compile settings, optimizer state.
@@ -399,6 +411,7 @@ class ModelPack(keras.Model):
             auto_scale_loss=False,
         )
         self._attach_loss_scale()
+        self._sync_member_mask()
         self._member_compile_args = {
             "members": member_args,
             "run_eagerly": run_eagerly,
@@ -440,7 +453,9 @@ class ModelPack(keras.Model):
         if not engines:
             return MemberOptimizers(optimizers)
         optimizer = VectorizedOptimizer(
-            optimizers, groups=[engine.member_ids for engine in engines]
+            optimizers,
+            groups=[engine.member_ids for engine in engines],
+            skip_nonfinite=self._on_nan == "freeze",
         )
         optimizer.set_variable_groups(
             [
@@ -795,6 +810,7 @@ class ModelPack(keras.Model):
             self._check_labels(validation[0], validation[1])
         if self._data_mode == "shard":
             self._check_shardable(x)
+        self._sync_member_mask()
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))

@@ -137,3 +137,30 @@ def test_member_early_stopping_needs_a_pack(binary_data):
 
     with pytest.raises(TypeError, match="MemberEarlyStopping works on a ModelPack"):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[kg.callbacks.MemberEarlyStopping()])
+
+
+def test_on_nan_ignore_trains_a_diverging_member_as_plain_fit_does(binary_data):
+    # Backend-neutral: the fused engine applies the non-finite step, as Keras does, and the
+    # member's logged loss turns NaN in the epoch it diverges, as in its own fit.
+    x, y = binary_data
+    y = y * 1000.0
+    members = [mlp(8, seed=0, out=None), mlp(8, seed=1, out=None)]
+    twins = [copy_model(m) for m in members]
+
+    def optimizers():
+        return [keras.optimizers.SGD(1e-6), keras.optimizers.SGD(10.0)]
+
+    pack = kg.ModelPack(members, on_nan="ignore")
+    pack.compile(optimizer=optimizers(), loss="mse")
+    history = pack.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    assert pack.status == ["active", "active"]
+    for i, (twin, optimizer) in enumerate(zip(twins, optimizers())):
+        twin.compile(optimizer=optimizer, loss="mse")
+        alone = twin.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        np.testing.assert_allclose(history.history[f"m{i}_loss"], alone.history["loss"], rtol=1e-5)
+        for a, b in zip(pack.members[i].get_weights(), twin.get_weights()):
+            # Past an overflow, inf and NaN follow the order of floating-point operations:
+            # the diverged weights are not finite where the twin's are not.
+            np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b))
+            np.testing.assert_allclose(a[np.isfinite(a)], b[np.isfinite(b)], rtol=1e-5, atol=1e-6)
+    assert np.isnan(history.history["m1_loss"]).all()

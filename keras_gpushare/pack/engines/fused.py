@@ -221,7 +221,8 @@ class FusedEngine(Engine):
             return losses, ops.zeros(losses.shape, dtype="bool")
         active = ops.equal(status, ACTIVE)
         finite = ops.isfinite(losses)
-        ok = ops.logical_and(active, finite)
+        # A non-finite loss enters the member's mean as in Keras, unless it freezes the member.
+        ok = ops.logical_and(active, finite) if self.options.on_nan == "freeze" else active
         self.loss_state.update_state(
             ops.where(ok, losses, 0.0), ops.where(ok, batch, 0.0) * ops.ones_like(losses)
         )

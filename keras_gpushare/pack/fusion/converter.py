@@ -22,8 +22,46 @@ class MemberGraph:
     tensor_refs: dict
 
 
+_OWN_STEPS = ("call", "train_step", "test_step", "compute_loss", "compute_metrics")
+
+
+def own_step_methods(model):
+    """The training methods `model`'s class writes itself (a fused model would skip them).
+
+    A Sequential or Functional model is fused from its layer graph and trained by the pack's
+    own step, so a subclass that changes `call`, `train_step`, `compute_loss`, ... must not
+    fuse; the graph engine runs it.
+    """
+    if isinstance(model, keras.Sequential):
+        base = keras.Sequential
+    elif hasattr(model, "_nodes_by_depth"):
+        base = keras.Model
+    else:
+        return []
+    return [
+        name
+        for name in _OWN_STEPS
+        if getattr(type(model), name, None) is not getattr(base, name, None)
+        and not (base is keras.Model and name == "call" and _functional_call(model))
+    ]
+
+
+def _functional_call(model):
+    """Whether `model`'s `call` is Keras's Functional one (a plain Functional model)."""
+    for cls in type(model).__mro__:
+        if "call" in vars(cls):
+            return cls.__module__.startswith("keras.src.")
+    return True
+
+
 def member_graph(model):
     """Return `(MemberGraph, None)` for a Sequential/Functional model, else `(None, why)`."""
+    own = own_step_methods(model)
+    if own:
+        return None, (
+            f"`{type(model).__name__}` writes its own {', '.join(f'`{m}`' for m in own)}; "
+            "a fused model would run its layer graph with the pack's step instead"
+        )
     if isinstance(model, keras.Sequential):
         functional = getattr(model, "_functional", None)
         if functional is None:

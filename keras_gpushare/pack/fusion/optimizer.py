@@ -69,6 +69,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             state is read with `read_state_from`). Defaults to none (required).
         groups: The members of each group of stacked variables, in slice order.
             Defaults to one group of all members.
+        skip_nonfinite: leave a member unchanged in a step whose gradients are not all
+            finite; `False` applies the step as Keras does (a member with a
+            `LossScaleOptimizer` still skips it, as that optimizer does). Defaults to
+            `True`.
         name: Name of the optimizer. Defaults to `"vectorized_optimizer"`.
 
     Example:
@@ -87,7 +91,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     """
 
     def __init__(
-        self, optimizers: Sequence[keras.optimizers.Optimizer], groups=None, name=None, **kwargs
+        self,
+        optimizers: Sequence[keras.optimizers.Optimizer],
+        groups=None,
+        skip_nonfinite=True,
+        name=None,
+        **kwargs,
     ):
         optimizers = list(optimizers)
         if not optimizers:
@@ -105,6 +114,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         kwargs.pop("learning_rate", None)
         super().__init__(learning_rate=0.0, name=name or "vectorized_optimizer", **kwargs)
         self.n_members = n
+        self.skip_nonfinite = bool(skip_nonfinite)
         self._settings = settings
         self._groups = groups
         self._names = [inner_optimizer(o).name for o in optimizers]
@@ -474,7 +484,13 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             finite = ops.logical_and(
                 finite, ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
             )
-        active = ops.logical_and(ops.take(mask, take), finite)
+        applies = finite
+        if not self.skip_nonfinite:
+            # As plain Keras: a non-finite step is applied, unless the member's own
+            # LossScaleOptimizer would skip it.
+            scaled = np.asarray([self._settings[i].dynamic_scale is not None for i in ids])
+            applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
+        active = ops.logical_and(ops.take(mask, take), applies)
         accumulation = [self._settings[i].accumulation or 1 for i in ids]
         is_update = ops.ones((k,), dtype="bool")
         used = grads
@@ -708,7 +724,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             stacked.assign(value)
 
     def get_config(self):
-        return {"name": self.name, "optimizers": self._member_configs, "groups": self._groups}
+        return {
+            "name": self.name,
+            "optimizers": self._member_configs,
+            "groups": self._groups,
+            "skip_nonfinite": self.skip_nonfinite,
+        }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
