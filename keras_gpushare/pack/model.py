@@ -19,13 +19,13 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack.engines.base import Engine, EngineOptions
 from keras_gpushare.pack.engines.fused import FusedEngine
-from keras_gpushare.pack.fusion import VectorizedOptimizer, fusion_report
+from keras_gpushare.pack.fusion import VectorizedOptimizer
 from keras_gpushare.pack.fusion._member_settings import member_settings
 from keras_gpushare.pack.logs import pack_logs
 from keras_gpushare.pack.member_callbacks import per_member_callbacks
 from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
-from keras_gpushare.pack.planner import plan_engines
+from keras_gpushare.pack.planner import move_to_graph, plan_engines
 from keras_gpushare.pack.watcher import StatusWatcher
 
 logger = logging.getLogger(__name__)
@@ -432,9 +432,13 @@ class ModelPack(keras.Model):
         for engine in self._gradient_engines:
             for i in engine.member_ids:
                 try:
-                    member_settings(i, optimizers[i])
+                    settings = member_settings(i, optimizers[i])
                 except ValueError as e:
                     unsupported[i] = str(e)
+                    continue
+                reason = _sparse_difference(self._members[i], settings)
+                if reason:
+                    unsupported[i] = reason
         if unsupported:
             reason = next(iter(unsupported.values()))
             if self._fuse is True or keras.backend.backend() != "tensorflow":
@@ -473,19 +477,17 @@ class ModelPack(keras.Model):
             engine.sync_members()
         plan = self._fusion_report
         members = list(self._members)
-        groups = [tuple(i for i in g if i not in reasons) for g in plan.groups]
-        groups = [g for g in groups if g]
-        graph = tuple(sorted({*plan.graph, *reasons}))
-        plan.groups = groups
-        plan.reports = [fusion_report([members[i] for i in g]) for g in groups]
-        plan.graph = graph
-        plan.reasons.update(
-            {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()}
+        move_to_graph(
+            plan,
+            members,
+            {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
         )
         engines: list[Engine] = [
-            FusedEngine([members[i] for i in g], g, self._options) for g in groups
+            FusedEngine([members[i] for i in g], g, self._options) for g in plan.groups
         ]
-        engines.append(_graph_engine_class()([members[i] for i in graph], graph, self._options))
+        engines.append(
+            _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
+        )
         self._set_engines(engines)
         message = (
             f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
@@ -710,7 +712,7 @@ class ModelPack(keras.Model):
         sample_weight: Any = None,
         training: bool = True,
     ) -> Any:
-        """The sum of the active members' own compiled losses (plus regularization).
+        """The sum of the active members' own losses (their compiled losses and penalties).
 
         Members the pack's optimizer updates contribute; a member whose loss is not finite
         is frozen (`on_nan="freeze"`). Like Keras's own losses, the total is divided by the
@@ -735,11 +737,6 @@ class ModelPack(keras.Model):
                 )
         if training and engines:
             self._status.assign(new_status)
-        regularization = [
-            loss for engine in engines for layer in engine.keras_objects() for loss in layer.losses
-        ]
-        if regularization:
-            total = total + ops.cast(ops.sum(ops.stack(regularization)), "float32")
         return scale_loss_for_distribution(total)
 
     def _loss_scales(self) -> Any:
@@ -925,6 +922,38 @@ class _Items:
 
     def __iter__(self):
         return iter(self._items)
+
+
+def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
+    """Why a fused `member` would train differently from its TensorFlow fit, or `None`.
+
+    On TensorFlow an `Embedding` table gets a sparse gradient (one slice per occurrence of a
+    token in the batch), and Keras's optimizers apply their element-wise operations to each
+    slice before adding them up: `Adam` adds the squares of a token's occurrences where the
+    fused engine, like Keras on JAX and torch, squares their sum. Only optimizers whose
+    update is linear in the gradient (SGD, Lion, without clipping) agree.
+    """
+    if keras.backend.backend() != "tensorflow" or not any(
+        isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member)
+    ):
+        return None
+    linear = settings.rule.family in ("SGD", "Lion") and not any(settings.clip.values())
+    if linear:
+        return None
+    return (
+        "on TensorFlow Keras updates an `Embedding` table from its sparse gradient, applying "
+        "the optimizer's element-wise operations (the squares of `Adam`, `RMSprop`, ...) to "
+        "each occurrence of a token before adding them up, where the fused engine, like "
+        "Keras on JAX and torch, adds them first; the graph engine trains this member as "
+        "its own fit does (on JAX and torch it fuses)."
+    )
+
+
+def _all_layers(model: keras.Layer) -> Iterator[keras.Layer]:
+    """`model`'s layers, those of nested models included."""
+    for layer in getattr(model, "layers", []):
+        yield layer
+        yield from _all_layers(layer)
 
 
 def _graph_engine_class() -> type[Engine]:

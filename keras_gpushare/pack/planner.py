@@ -15,8 +15,9 @@ from typing import Any
 
 import keras
 
-from keras_gpushare.pack.fusion import fusion_report
-from keras_gpushare.pack.fusion.converter import fusion_signature
+from keras_gpushare.pack.fusion import cost, fusion_report, template
+from keras_gpushare.pack.fusion.converter import fusion_signature, member_graph
+from keras_gpushare.pack.fusion.report import inspect_members
 
 
 @dataclasses.dataclass
@@ -28,12 +29,14 @@ class EnginePlan:
         graph: the members the graph engine trains.
         reports: one `FusionReport` per fused group.
         reasons: why each graph member is not fused (a sentence per member index).
+        waste: for each fused group, the share of its estimated FLOPs that is padding.
     """
 
     groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     graph: tuple[int, ...] = ()
     reports: list[Any] = dataclasses.field(default_factory=list)
     reasons: dict[int, str] = dataclasses.field(default_factory=dict)
+    waste: list[float] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
         n = sum(len(g) for g in self.groups) + len(self.graph)
@@ -43,9 +46,11 @@ class EnginePlan:
         if self.graph:
             parts.append(f"{len(self.graph)} on the graph engine")
         lines = [f"ModelPack plan for {n} members: {', '.join(parts)}."]
-        for k, (group, report) in enumerate(zip(self.groups, self.reports)):
+        wastes = self.waste + [0.0] * (len(self.groups) - len(self.waste))
+        for k, (group, report, waste) in enumerate(zip(self.groups, self.reports, wastes)):
             members = ", ".join(str(i) for i in group)
-            lines.append(f"group {k} (fused): members {members}")
+            padding = f", padding {waste:.0%} of its FLOPs" if waste else ""
+            lines.append(f"group {k} (fused): members {members}{padding}")
             lines.extend("  " + line for line in str(report).splitlines())
         for i in self.graph:
             lines.append(f"member {i} on the graph engine: {self.reasons.get(i, 'fuse=False')}")
@@ -75,8 +80,7 @@ def plan_engines(
     tensorflow = keras.backend.backend() == "tensorflow"
     plan = EnginePlan()
     if groups is not None:
-        plan.groups = [tuple(g) for g in groups]
-        plan.reports = [fusion_report([members[i] for i in g]) for g in plan.groups]
+        _set_groups(plan, members, [tuple(g) for g in groups])
         grouped = {i for g in plan.groups for i in g}
         plan.graph = tuple(i for i in range(n) if i not in grouped)
     elif fuse is False:
@@ -102,29 +106,86 @@ def plan_engines(
     return plan
 
 
+def move_to_graph(plan: EnginePlan, members: Sequence[keras.Model], reasons: dict) -> None:
+    """Takes the members `reasons` names out of their fused groups, onto the graph engine."""
+    groups = [tuple(i for i in g if i not in reasons) for g in plan.groups]
+    _set_groups(plan, members, [g for g in groups if g])
+    plan.graph = tuple(sorted({*plan.graph, *reasons}))
+    plan.reasons.update(reasons)
+
+
+def _set_groups(
+    plan: EnginePlan, members: Sequence[keras.Model], groups: list[tuple[int, ...]]
+) -> None:
+    """Sets `plan`'s fused groups, with each group's report and padding waste."""
+    plan.groups, plan.reports, plan.waste = groups, [], []
+    for group in groups:
+        report, fusion_plan = inspect_members([members[i] for i in group])
+        report.member_ids = list(group)
+        plan.reports.append(report)
+        waste = 0.0
+        if fusion_plan is not None:
+            waste = cost.GroupCosts(fusion_plan).waste(range(len(group)))
+        plan.waste.append(waste)
+
+
 def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: bool) -> None:
-    """Fills `plan` with fused groups of members that fuse together, and the rest."""
+    """Fills `plan` with fused groups of members that fuse together, and the rest.
+
+    Members with the same skeleton (the same calls, sizes and depths aside) are inspected
+    together; when they fuse, the cost model (`fusion.cost`) splits them into the groups
+    that take the least estimated time, merging members of equal sizes first. Members that
+    do not fuse as a whole are grouped by exact architecture instead.
+    """
     classes: dict[Any, list[int]] = {}
     for i, member in enumerate(members):
-        signature = fusion_signature(member)
-        key = ("alone", i) if signature is None else signature
+        graph, _ = member_graph(member)
+        key = ("alone", i) if graph is None else template.skeleton(graph)
         classes.setdefault(key, []).append(i)
-    graph = []
+    graph_members = []
     for ids in classes.values():
-        report = fusion_report([members[i] for i in ids])
-        if not report.fusable:
-            reason = _first_reason(report, ids)
-            graph.extend(ids)
-            plan.reasons.update({i: reason for i in ids})
-        elif len(ids) == 1 and alone_on_graph:
-            graph.extend(ids)
-            plan.reasons[ids[0]] = (
-                "it fuses with no other member (fuse=True forces a fused group of one)."
-            )
+        report, fusion_plan = inspect_members([members[i] for i in ids])
+        costs = None
+        if report.fusable:
+            costs = cost.GroupCosts(fusion_plan)
+            exact: dict[Any, list[int]] = {}
+            for position, i in enumerate(ids):
+                exact.setdefault(fusion_signature(members[i]), []).append(position)
+            parts = [[ids[p] for p in part] for part in cost.partition(costs, exact.values())]
         else:
-            plan.groups.append(tuple(ids))
-            plan.reports.append(report)
-    plan.graph = tuple(sorted(graph))
+            parts = _exact_classes(members, ids)
+        for part in parts:
+            part_report = report if part == list(ids) else fusion_report([members[i] for i in part])
+            if not part_report.fusable:
+                reason = _first_reason(part_report, part)
+                graph_members.extend(part)
+                plan.reasons.update({i: reason for i in part})
+            elif len(part) == 1 and alone_on_graph:
+                graph_members.extend(part)
+                plan.reasons[part[0]] = (
+                    "it fuses with no other member (fuse=True forces a fused group of one)"
+                    + (
+                        "."
+                        if report.fusable
+                        else f"; with the others: {_first_reason(report, ids)}"
+                    )
+                )
+            else:
+                part_report.member_ids = list(part)
+                plan.groups.append(tuple(part))
+                plan.reports.append(part_report)
+                positions = [ids.index(i) for i in part]
+                plan.waste.append(0.0 if costs is None else costs.waste(positions))
+    plan.graph = tuple(sorted(graph_members))
+
+
+def _exact_classes(members: Sequence[keras.Model], ids: Sequence[int]) -> list[list[int]]:
+    """`ids` split by exact architecture (`fusion_signature`)."""
+    exact: dict[Any, list[int]] = {}
+    for i in ids:
+        signature = fusion_signature(members[i])
+        exact.setdefault(("alone", i) if signature is None else signature, []).append(i)
+    return list(exact.values())
 
 
 def _first_reason(report: Any, ids: Sequence[int]) -> str:

@@ -717,12 +717,6 @@ _NOT_VECTORIZED = tuple(f"optimizer_{name}" for name in OPTIMIZERS if name not i
 
 KNOWN_FAILURES: list[Known] = [
     Known(
-        "conformance: issue 13, members differing only in Dense widths are refused off "
-        "TensorFlow (no graph engine) until they fuse with padding",
-        engines=("widths",),
-        backends=("jax", "torch"),
-    ),
-    Known(
         "issue 12 item 4: fuse='auto' does not train this optimizer fused (graph engine on "
         "TensorFlow, TypeError in fit on JAX)",
         cases=_NOT_VECTORIZED,

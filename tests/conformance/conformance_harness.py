@@ -32,7 +32,7 @@ BACKEND = keras.backend.backend()
 TENSORFLOW = BACKEND == "tensorflow"
 
 # Same-architecture members for "fused" and "graph"; members differing only in their Dense
-# width for "widths" (today the graph engine on TensorFlow; issue 13: fused with padding).
+# width for "widths" (fused with padding with fuse="auto").
 ENGINES = ("fused", "graph", "widths")
 SAME_WIDTH = 6
 WIDTHS = (6, 9, 4, 7)

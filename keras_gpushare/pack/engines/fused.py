@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops, tree
 from keras.src.losses.loss import unscale_loss_for_distribution
 from keras.src.losses.losses import LossFunctionWrapper
@@ -23,6 +24,7 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import replicas
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, MemberFigures
 from keras_gpushare.pack.fusion import build_fused_model
+from keras_gpushare.pack.fusion.model import member_part, set_member_part
 from keras_gpushare.pack.members import ACTIVE
 
 
@@ -110,6 +112,17 @@ def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight:
     return ops.sum(values, axis=axes) / ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
 
 
+def _regularized_parts(fused: Any, members: Sequence[keras.Model]) -> list:
+    """`(fused_variable, [(member, index)])` for every stacked weight with a regularizer."""
+    result = []
+    for variable, parts in fused.member_variable_map(members):
+        if getattr(variable, "regularizer", None) is None:
+            continue
+        owned = [(j, index) for j, (own, index) in enumerate(parts) if own is not None]
+        result.append((variable, owned))
+    return result
+
+
 class FusedEngine(Engine):
     """Members of one architecture as one `FusedModel`, updated by the pack's optimizer.
 
@@ -126,6 +139,7 @@ class FusedEngine(Engine):
     ) -> None:
         super().__init__(members, member_ids, options)
         self.fused = build_fused_model(self.members)
+        self._regularized = _regularized_parts(self.fused, self.members)
         self.loss_state = StackedMean(len(self.members), name="member_loss")
         self.metric_states: dict[str, StackedMean] = {}
         self._one_loss = None
@@ -200,6 +214,24 @@ class FusedEngine(Engine):
             losses.append(ops.cast(unscale_loss_for_distribution(value), "float32"))
         return ops.stack(losses)
 
+    def _penalties(self) -> Any:
+        """Every member's regularization penalty, shape (k,): what Keras adds to its loss.
+
+        Each member's regularizers act on its own part of the stacked weights (padding
+        left out), so a member's logged loss includes its own penalty, as in plain `fit`.
+        """
+        terms = [[] for _ in self.members]
+        for variable, parts in self._regularized:
+            value = ops.convert_to_tensor(variable)
+            for j, index in parts:
+                part = value[j]
+                if index is not None:
+                    for axis, positions in enumerate(index):
+                        if positions is not None:
+                            part = ops.take(part, positions, axis=axis)
+                terms[j].append(ops.cast(variable.regularizer(part), "float32"))
+        return ops.stack([ops.sum(ops.stack(t)) if t else ops.zeros(()) for t in terms])
+
     def loss(
         self, x: Any, y: Any, y_pred: Any, sample_weight: Any, status: Any, training: bool
     ) -> tuple[Any, Any]:
@@ -215,6 +247,8 @@ class FusedEngine(Engine):
             boolean (k,) vector (all false outside training or with `on_nan="ignore"`).
         """
         losses = self._member_losses(y, y_pred, sample_weight)
+        if self._regularized:
+            losses = losses + self._penalties()
         batch = ops.cast(_batch_size(x), "float32")
         if not training:
             self.loss_state.update_state(losses, ops.ones_like(losses) * batch)
@@ -351,15 +385,24 @@ class FusedEngine(Engine):
 
     def get_member_weights(self, j: int) -> list:
         member = self.members[j]
-        by_id = {}
-        for fused_variable, member_variables in self.fused.member_variable_map(self.members):
-            by_id[id(member_variables[j])] = fused_variable
-        return [ops.convert_to_numpy(by_id[id(v)])[j] for v in member.weights]
+        where = {}
+        for fused_variable, parts in self.fused.member_variable_map(self.members):
+            variable, index = parts[j]
+            if variable is not None:
+                where[id(variable)] = (fused_variable, index)
+        result = []
+        for variable in member.weights:
+            fused_variable, index = where[id(variable)]
+            result.append(member_part(ops.convert_to_numpy(fused_variable), j, index))
+        return result
 
     def set_member_weights(self, j: int, weights: list) -> None:
         member = self.members[j]
         member.set_weights(weights)
-        for fused_variable, member_variables in self.fused.member_variable_map(self.members):
-            value = ops.convert_to_numpy(fused_variable).copy()
-            value[j] = ops.convert_to_numpy(member_variables[j])
+        for fused_variable, parts in self.fused.member_variable_map(self.members):
+            variable, index = parts[j]
+            if variable is None:
+                continue
+            value = np.array(ops.convert_to_numpy(fused_variable))
+            set_member_part(value, j, index, ops.convert_to_numpy(variable))
             fused_variable.assign(value)

@@ -1,6 +1,7 @@
-"""Shared helpers of fused layers: unsupported options, member regularizers."""
+"""Shared helpers of fused layers: unsupported options, regularizers, padded activations."""
 
 import keras
+import numpy as np
 
 _ADDITIVE_REGULARIZERS = ("L1", "L2", "L1L2", "l1", "l2", "l1_l2")
 
@@ -38,3 +39,70 @@ def regularizer(config, key):
     """
     value = config.get(key)
     return None if value is None else keras.regularizers.get(value)
+
+
+def has_accelerator():
+    """Whether Keras sees a GPU or another accelerator (`False` when it cannot tell)."""
+    try:
+        devices = keras.distribution.list_devices()
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        return False
+    return any(not str(device).lower().startswith("cpu") for device in devices)
+
+
+# Keras activations computed feature by feature: on padded features they leave each
+# member's own features as they are (the padding is masked downstream).
+_ELEMENTWISE_ACTIVATIONS = frozenset(
+    [
+        "celu",
+        "elu",
+        "exponential",
+        "gelu",
+        "hard_shrink",
+        "hard_sigmoid",
+        "hard_silu",
+        "hard_swish",
+        "hard_tanh",
+        "leaky_relu",
+        "linear",
+        "log_sigmoid",
+        "mish",
+        "relu",
+        "relu6",
+        "selu",
+        "sigmoid",
+        "silu",
+        "soft_shrink",
+        "softplus",
+        "softsign",
+        "sparse_plus",
+        "squareplus",
+        "swish",
+        "tanh",
+        "tanh_shrink",
+        "threshold",
+    ]
+)
+
+
+def padded_activation_problem(layers, layout, key="activation"):
+    """Why the members' activations cannot run on features padded as `layout`, or `None`.
+
+    An activation across features (`softmax`, `log_softmax`, `sparsemax`, `glu`, or a
+    function Keras does not name) would mix a member's features with the padding.
+    """
+    if layout is None or bool(np.all(layout)):
+        return None
+    for layer in layers:
+        if layer is None:
+            continue
+        spec = layer.get_config().get(key)
+        name = (
+            spec if isinstance(spec, str) else getattr(keras.activations.get(spec), "__name__", "")
+        )
+        if name not in _ELEMENTWISE_ACTIVATIONS:
+            return (
+                f"activation {name or spec!r} acts across features, so it cannot run on "
+                "features padded to the widest member (give the members equal widths)"
+            )
+    return None

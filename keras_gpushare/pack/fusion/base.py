@@ -1,7 +1,10 @@
 """The base class of fused layers: one layer holding N members' copies of a layer."""
 
 import keras
+import numpy as np
 from keras import ops
+
+from keras_gpushare.pack.fusion import layout as layout_lib
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -46,6 +49,27 @@ class FusedLayer(keras.layers.Layer):
       the member's argument names (`initial_state`, `key`, `attention_mask`, ...). Only the
       first argument may arrive replicated; every other tensor argument is stacked.
 
+    Members of different sizes (padded fusion, see `layout`). A fused form that can take
+    them says so; any other fuses only members whose sizes agree:
+
+    - `size_keys` (class attribute): config keys whose values may differ, such as `units`:
+      the fused layer is as wide as the widest member and each member owns a corner of it
+      (the rest is padding, kept at zero). Their values arrive in
+      `member_config["per_member"]` as `per_member_keys` do (`None` for a member that skips
+      the layer).
+    - `member_config["input_layouts"]`: for each flattened first-argument input, the layout
+      (`layout.to_config`) of its features, or `None` when no member pads it.
+    - `output_layouts(layers, input_layouts, input_shapes)` (class method): each output's
+      layout, or a
+      reason the padded inputs cannot be taken. The default passes a layer through only
+      unpadded inputs; `passes_layout = True` declares a layer whose output features are its
+      input's, position for position (activations, dropout, pooling, normalization).
+    - `member_weight_index(k, i)`: where member `i`'s own weight lies in fused weight `k`:
+      `(position in the member layer's weights or None, index tuple or None)`.
+    - `skippable` (class attribute): a member may leave the layer out (a shallower member
+      of a depth search) when it keeps its input's shape; the converter then passes that
+      member's input through unchanged.
+
     Args:
         n_members: Number of members N fused in this layer.
         member_config: The config of the member layer (from `get_config()`); member 0's
@@ -75,6 +99,9 @@ class FusedLayer(keras.layers.Layer):
     """
 
     per_member_keys = ()
+    size_keys = ()
+    passes_layout = False
+    skippable = False
     handles_masks = False
     member_state = ()
 
@@ -97,16 +124,39 @@ class FusedLayer(keras.layers.Layer):
         return [bool(self.input_stacked)] * count
 
     @classmethod
-    def from_member(cls, layer, n_members, input_stacked, member_layers=()):
-        """Create the fused form of member 0's `layer` for `n_members` members.
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        """Each flattened output's layout (`None`: unpadded), and why not (or `None`).
 
-        `member_layers` (every member's layer) supplies the `per_member_keys` values.
-        Override when the fused class needs more than `layer.get_config()`.
+        Args:
+            layers: every member's layer (`None` for a member that skips it).
+            input_layouts: for each flattened first-argument input, its layout or `None`.
+            input_shapes: those inputs' shapes in the first member that has the layer.
+
+        Returns:
+            `(layouts, reason)`: a list with one layout per output, or `None` and a sentence.
+        """
+        padded = [lay for lay in input_layouts if not layout_lib.is_full(lay)]
+        if not padded:
+            return [None], None
+        if cls.passes_layout:
+            return [input_layouts[0]], None
+        return None, f"`{cls.__name__}` cannot take members' inputs of different sizes"
+
+    @classmethod
+    def from_member(cls, layer, n_members, input_stacked, member_layers=(), input_layouts=None):
+        """Create the fused form of `layer` (a member's) for `n_members` members.
+
+        `member_layers` (every member's layer, `None` where a member skips it) supplies
+        the `per_member_keys` and `size_keys` values; `input_layouts` the padding of the
+        inputs. Override when the fused class needs more than `layer.get_config()`.
         """
         config = layer.get_config()
-        if cls.per_member_keys and member_layers:
-            configs = [m.get_config() for m in member_layers]
-            config["per_member"] = {k: [c[k] for c in configs] for k in cls.per_member_keys}
+        keys = (*cls.per_member_keys, *cls.size_keys)
+        if keys and member_layers:
+            configs = [None if m is None else m.get_config() for m in member_layers]
+            config["per_member"] = {k: [None if c is None else c[k] for c in configs] for k in keys}
+        if input_layouts is not None and not all(layout_lib.is_full(x) for x in input_layouts):
+            config["input_layouts"] = [layout_lib.to_config(x) for x in input_layouts]
         return cls(
             n_members=n_members,
             member_config=config,
@@ -115,6 +165,44 @@ class FusedLayer(keras.layers.Layer):
             trainable=layer.trainable,
             dtype=layer.dtype_policy,
         )
+
+    def per_member(self, key):
+        """Each member's value of config `key` (`None` for a member that skips the layer)."""
+        values = self.member_config.get("per_member", {}).get(key)
+        return list(values) if values is not None else [self.member_config[key]] * self.n_members
+
+    def input_layout(self, index=0):
+        """The layout of the `index`-th flattened input, or `None` when it is unpadded."""
+        layouts = self.member_config.get("input_layouts")
+        return None if not layouts else layout_lib.from_config(layouts[index])
+
+    def member_weight_index(self, k, i):
+        """Where member `i`'s own weight lies in fused weight `k`: `(position, index)`.
+
+        `position` is the weight's place in the member layer's `weights` (`None` when the
+        member has no such weight); `index` selects its part of slice `i` (`None`: all).
+        """
+        return k, None
+
+    def activate(self, y, key="activation"):
+        """`y` through each member's own activation (config `key`).
+
+        Members that share an activation are computed together; different activations
+        (relu for some members, tanh for others) are selected member by member.
+        """
+        specs = self.per_member(key)
+        present = [spec for spec in specs if spec is not None] or [None]
+        specs = [present[0] if spec is None else spec for spec in specs]
+        names = [repr(spec) for spec in specs]
+        if len(set(names)) == 1:
+            return keras.activations.get(specs[0])(y)
+        result = y
+        for name in dict.fromkeys(names):
+            members = np.asarray([n == name for n in names])
+            spec = specs[names.index(name)]
+            keep = self.member_broadcast(ops.convert_to_tensor(members), len(y.shape))
+            result = ops.where(keep, keras.activations.get(spec)(y), result)
+        return result
 
     def input_is_stacked(self, index=0):
         """Whether the `index`-th flattened input is stacked."""

@@ -7,7 +7,7 @@ import keras
 from keras.src.backend import KerasTensor
 
 from keras_gpushare.pack.fusion import _masks, registry
-from keras_gpushare.pack.fusion.layers_core import FusedBroadcast
+from keras_gpushare.pack.fusion.layers_core import FusedBroadcast, FusedSkip
 
 _IGNORED_KEYS = ("name", "seed")
 
@@ -144,8 +144,13 @@ def comparable_config(config, per_member_keys=()):
 
 
 def _comparable_value(value):
-    """A nested serialized layer (`{"class_name": ..., "config": {...}}`) made comparable."""
+    """A nested serialized object (`{"class_name": ..., "config": {...}}`) made comparable.
+
+    The `shared_object_id` Keras adds while it saves or loads a file (a regularizer, say)
+    names the Python object, not what it computes, so it is left out.
+    """
     if isinstance(value, dict) and "class_name" in value and isinstance(value.get("config"), dict):
+        value = {k: v for k, v in value.items() if k != "shared_object_id"}
         return {**value, "config": comparable_config(value["config"])}
     return value
 
@@ -156,20 +161,13 @@ def _policy_name(dtype):
     return getattr(dtype, "name", dtype) or "float32"
 
 
-def node_signature(graph, node):
-    """Everything about a call that must match across members, apart from weights."""
-    refs = {key: value for key, value in graph.tensor_refs.items()}
-    args, kwargs = node.arguments.fill_in(refs)
-    return {
-        "arguments": (args, kwargs),
-        "input_shapes": [tuple(x.shape) for x in node.input_tensors],
-        "input_dtypes": [x.dtype for x in node.input_tensors],
-    }
-
-
-def layer_problem(layer, node, members_nodes, members_graphs):
-    """Why this node cannot be fused (a sentence), or `None`; and its fused class."""
-    classes = {type(n.operation) for n in members_nodes}
+def node_problem(nodes):
+    """Why these members' calls (`None` for a member that skips it) cannot be one fused
+    call (a sentence), or `None`; and the fused class."""
+    present = [(i, node) for i, node in enumerate(nodes) if node is not None]
+    node = present[0][1]
+    layer = node.operation
+    classes = {type(n.operation) for _, n in present}
     if len(classes) > 1:
         names = ", ".join(sorted(c.__name__ for c in classes))
         return f"different layer types across members: {names}", None
@@ -188,33 +186,22 @@ def layer_problem(layer, node, members_nodes, members_graphs):
             "`keras_gpushare.register_fused_layer`",
             None,
         )
-    config = layer.get_config()
-    reason = fused_class.unsupported_reason(config)
-    if reason:
-        return reason, fused_class
-    base = comparable_config(config, fused_class.per_member_keys)
-    for i, other in enumerate(members_nodes[1:], start=1):
-        other_config = comparable_config(other.operation.get_config(), fused_class.per_member_keys)
+    keys = (*fused_class.per_member_keys, *fused_class.size_keys)
+    for _, other in present:
+        reason = fused_class.unsupported_reason(other.operation.get_config())
+        if reason:
+            return reason, fused_class
+    base = comparable_config(layer.get_config(), keys)
+    for i, other in present[1:]:
+        other_config = comparable_config(other.operation.get_config(), keys)
         if other_config != base:
-            keys = sorted(
+            differ = sorted(
                 k for k in set(base) | set(other_config) if base.get(k) != other_config.get(k)
             )
-            return f"config differs in member {i}: {', '.join(keys)}", fused_class
-    signature = node_signature(members_graphs[0], node)
-    for i, (graph, other) in enumerate(zip(members_graphs[1:], members_nodes[1:]), start=1):
-        other_signature = node_signature(graph, other)
-        for key in ("input_shapes", "input_dtypes", "arguments"):
-            if other_signature[key] != signature[key]:
-                what = {
-                    "input_shapes": f"input shapes differ in member {i}: "
-                    f"{signature['input_shapes']} vs {other_signature['input_shapes']}",
-                    "input_dtypes": f"input dtypes differ in member {i}",
-                    "arguments": f"connections or call arguments differ in member {i}",
-                }
-                return what[key], fused_class
-        shapes = [tuple(w.shape) for w in layer.weights]
-        if [tuple(w.shape) for w in other.operation.weights] != shapes:
-            return f"weight shapes differ in member {i}", fused_class
+            return f"config differs in member {i}: {', '.join(differ)}", fused_class
+    reason = _inputs_problem(present)
+    if reason:
+        return reason, fused_class
     reason = call_problem(node, fused_class)
     if reason:
         return reason, fused_class
@@ -224,7 +211,44 @@ def layer_problem(layer, node, members_nodes, members_graphs):
             f"the fused form `{fused_class.__name__}` does not handle masks",
             fused_class,
         )
+    skipped = [i for i, n in enumerate(nodes) if n is None]
+    if skipped and not keeps_shape(node, fused_class):
+        return (
+            f"members {skipped} leave this layer out, and only layers that keep their "
+            "input's shape (Dense, Dropout, normalization, activations) may be left out",
+            fused_class,
+        )
     return None, fused_class
+
+
+def keeps_shape(node, fused_class):
+    """Whether a member may leave this call out: its fused form allows it, and the call
+    keeps its input's shape (all but the features)."""
+    if fused_class is None or not fused_class.skippable:
+        return False
+    if len(node.input_tensors) != 1 or len(node.outputs) != 1:
+        return False
+    return tuple(node.input_tensors[0].shape[:-1]) == tuple(node.outputs[0].shape[:-1])
+
+
+def _inputs_problem(present):
+    """Why the members' calls take inputs too different to fuse, or `None`.
+
+    The first argument's features (last axis) may differ in size (padding); every other
+    dimension, and every other argument, must agree.
+    """
+
+    def shapes(n):
+        first, others = call_arguments(n) or (None, {})
+        lead = [tuple(x.shape[:-1]) for x in keras.tree.flatten(first) if hasattr(x, "shape")]
+        rest = [tuple(x.shape) for x in keras.tree.flatten(others) if isinstance(x, KerasTensor)]
+        return lead, rest, [x.dtype for x in n.input_tensors]
+
+    reference = shapes(present[0][1])
+    for i, other in present[1:]:
+        if shapes(other) != reference:
+            return f"input shapes or dtypes differ in member {i}"
+    return None
 
 
 def call_arguments(node):
@@ -275,21 +299,22 @@ def call_problem(node, fused_class):
     return None
 
 
-def build_graph(graphs, n_members, input_mode):
-    """Rebuild member 0's graph from fused layers; return the Functional model and a map.
+def build_graph(plan, n_members, input_mode):
+    """Build the fused model's Functional graph from a `FusionPlan`; return it and a map.
 
-    `graphs` holds every member's graph (member 0's first); the others give the values of
-    the fused classes' `per_member_keys`.
+    Each call of the plan's template becomes one fused layer, made from every member's
+    layer (for `per_member_keys` and `size_keys`) and told its inputs' layouts. A member
+    that leaves a call out gets its input passed through (`FusedSkip`).
 
-    The map takes each fused layer's name to the position of the member layer it fuses
-    in `MemberGraph.layers`.
+    The map takes each fused layer's name to the position of the member layer it fuses in
+    each member's `MemberGraph.layers` (`None` for a member that leaves it out).
     """
-    graph = graphs[0]
-    functional = graph.functional
+    graphs, template = plan.graphs, plan.template
+    functional = graphs[0].functional
     stacked_inputs = input_mode == "stacked"
     tensors, stacked = {}, {}
     new_inputs = []
-    for x in functional.inputs:
+    for i, x in enumerate(functional.inputs):
         member_shape = tuple(x.shape[1:])
         name = x._keras_history.operation.name
         if stacked_inputs:
@@ -299,58 +324,92 @@ def build_graph(graphs, n_members, input_mode):
         else:
             new = keras.Input(shape=member_shape, dtype=x.dtype, name=name)
         new_inputs.append(new)
-        tensors[id(x)] = new
-        stacked[id(x)] = stacked_inputs
+        tensors[("input", i)] = new
+        stacked[("input", i)] = stacked_inputs
     uses = {}
-    for node in graph.nodes:
-        uses[id(node.operation)] = uses.get(id(node.operation), 0) + 1
+    for tnode in template:
+        key = id(tnode.first.operation)
+        uses[key] = uses.get(key, 0) + 1
     broadcasts = {}
 
-    def stacked_tensor(x):
-        """The fused tensor for `x`, broadcast to the member axis if it is replicated."""
-        if stacked[id(x)]:
-            return tensors[id(x)]
-        if id(x) not in broadcasts:
-            broadcasts[id(x)] = FusedBroadcast(n_members, {})(tensors[id(x)])
-        return broadcasts[id(x)]
+    def stacked_tensor(key):
+        """The fused tensor `key`, broadcast to the member axis if it is replicated."""
+        if stacked[key]:
+            return tensors[key]
+        if key not in broadcasts:
+            broadcasts[key] = FusedBroadcast(n_members, {})(tensors[key])
+        return broadcasts[key]
 
-    def fill(value, stack):
-        if not isinstance(value, KerasTensor):
-            return value
-        return stacked_tensor(value) if stack else tensors[id(value)]
+    index_of = [{id(n): k for k, n in enumerate(g.nodes)} for g in graphs]
+    positions = [{} for _ in graphs]
+    for t, tnode in enumerate(template):
+        for i, n in enumerate(tnode.nodes):
+            if n is not None:
+                positions[i][index_of[i][id(n)]] = t
+
+    def key_of(member, x):
+        """The fused tensor standing for member `member`'s tensor `x`."""
+        ref = graphs[member].tensor_refs[id(x)]
+        if ref[0] == "input":
+            return ("input", ref[1])
+        return ("node", positions[member][ref[1]], ref[2])
 
     fused_layers, layer_index = {}, {}
-    for k, node in enumerate(graph.nodes):
+    input_names = {x.name for x in new_inputs}
+    for t, tnode in enumerate(template):
+        node = tnode.first
+        member = tnode.nodes.index(node)
         layer = node.operation
         first, others = call_arguments(node)
         shared = uses[id(layer)] > 1
+        sources = plan.sources(t)
         # Only the first argument may stay replicated (the layer is told which of its
         # tensors are); every other tensor argument is stacked.
-        inputs = keras.tree.map_structure(lambda x, stack=shared: fill(x, stack), first)
-        others = keras.tree.map_structure(lambda x: fill(x, True), others)
-        flat = [x for x in keras.tree.flatten(first) if isinstance(x, KerasTensor)]
-        flags = [shared or stacked[id(x)] for x in flat]
+        leaves = keras.tree.flatten(first)
+        keys = iter(sources)
+        filled = [
+            (stacked_tensor(next(keys)) if shared else tensors[next(keys)])
+            if isinstance(x, KerasTensor)
+            else x
+            for x in leaves
+        ]
+        inputs = keras.tree.pack_sequence_as(first, filled)
+        others = keras.tree.map_structure(
+            lambda x, m=member: stacked_tensor(key_of(m, x)) if isinstance(x, KerasTensor) else x,
+            others,
+        )
+        flags = [shared or stacked[key] for key in sources]
         fused = fused_layers.get(id(layer))
         if fused is None:
             fused_class = registry.fused_form(type(layer))
             stacked_flags = flags if len(flags) > 1 else flags[0]
-            if fused_class.per_member_keys:
-                member_layers = [g.nodes[k].operation for g in graphs]
-                fused = fused_class.from_member(layer, n_members, stacked_flags, member_layers)
-            else:
-                fused = fused_class.from_member(layer, n_members, stacked_flags)
+            member_layers = [None if n is None else n.operation for n in tnode.nodes]
+            layouts = [plan.layouts.get(key) for key in sources]
+            fused = fused_class.from_member(
+                layer, n_members, stacked_flags, member_layers, input_layouts=layouts
+            )
+            # Aligned members of different depths can bring two layers of one name.
+            base, k = fused.name, 1
+            while fused.name in layer_index or fused.name in input_names:
+                fused.name, k = f"{base}_{k}", k + 1
             fused_layers[id(layer)] = fused
-            layer_index[fused.name] = graph.layers.index(layer)
-        outputs = fused(inputs, **others)
-        for out, new in zip(node.outputs, keras.tree.flatten(outputs)):
-            tensors[id(out)] = new
-            stacked[id(out)] = fused.output_stacked
-    outputs = []
-    for x in functional.outputs:
-        out = tensors[id(x)]
-        if not stacked[id(x)]:
-            out = FusedBroadcast(n_members, {})(out)
-        outputs.append(out)
+            layer_index[fused.name] = [
+                None if n is None else graphs[i].layers.index(n.operation)
+                for i, n in enumerate(tnode.nodes)
+            ]
+        outputs = keras.tree.flatten(fused(inputs, **others))
+        if tnode.skipped:
+            outputs[0] = FusedSkip(n_members, {"present": [n is not None for n in tnode.nodes]})(
+                [stacked_tensor(sources[0]), outputs[0]]
+            )
+        for j, new in enumerate(outputs):
+            tensors[("node", t, j)] = new
+            stacked[("node", t, j)] = fused.output_stacked or bool(tnode.skipped)
+    if plan.chain:
+        ends = [("node", len(template) - 1, 0)]
+    else:
+        ends = [key_of(0, x) for x in functional.outputs]
+    outputs = [stacked_tensor(key) for key in ends]
     inputs = keras.tree.pack_sequence_as(functional._inputs_struct, new_inputs)
     outputs = keras.tree.pack_sequence_as(functional._outputs_struct, outputs)
     model = keras.Model(inputs, outputs, name=f"fused_{functional.name}")

@@ -3,25 +3,24 @@
 import logging
 
 import keras
+import numpy as np
 from keras import ops
 from keras.src.backend.common.backend_utils import compute_conv_transpose_padding_args_for_jax
 
+from keras_gpushare.pack.fusion import _padding
+from keras_gpushare.pack.fusion import layout as layout_lib
+from keras_gpushare.pack.fusion._checks import (
+    has_accelerator,
+    padded_activation_problem,
+    unsupported_options,
+)
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
-from keras_gpushare.pack.fusion._checks import unsupported_options
 from keras_gpushare.pack.fusion.base import FusedLayer, fold
 from keras_gpushare.pack.fusion.registry import register_fused_layer
 
 logger = logging.getLogger(__name__)
 
 _IMPLEMENTATIONS = ("auto", "patches", "grouped")
-
-
-def _has_accelerator():
-    try:
-        devices = keras.distribution.list_devices()
-    except (NotImplementedError, RuntimeError, ValueError):
-        return False
-    return any(not str(device).lower().startswith("cpu") for device in devices)
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -59,6 +58,10 @@ class FusedConv(FusedLayer):
     ```
     """
 
+    size_keys = ("filters",)
+    per_member_keys = ("activation", "use_bias")
+    skippable = True
+
     def __init__(
         self,
         n_members,
@@ -74,19 +77,31 @@ class FusedConv(FusedLayer):
                 f"Expected one of {_IMPLEMENTATIONS}."
             )
         self.implementation = implementation
-        self.filters = int(member_config["filters"])
+        self.member_filters = [int(f or 0) for f in self.per_member("filters")]
+        self.filters = max(self.member_filters)
         self.kernel_size = tuple(member_config["kernel_size"])
         self.rank = len(self.kernel_size)
         self.strides = tuple(member_config["strides"])
         self.dilation_rate = tuple(member_config["dilation_rate"])
         self.padding = member_config["padding"]
         self.groups = int(member_config.get("groups", 1))
-        self.use_bias = member_config.get("use_bias", True)
-        self.activation = keras.activations.get(member_config.get("activation"))
+        self.member_bias = [bool(b) for b in self.per_member("use_bias")]
+        self.use_bias = any(self.member_bias)
+        self.out_layout = layout_lib.prefix(self.member_filters, self.filters)
 
     @classmethod
     def unsupported_reason(cls, member_config):
         return unsupported_options(member_config)
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        filters = [0 if layer is None else int(layer.filters) for layer in layers]
+        padded = len(set(filters)) > 1 or not layout_lib.is_full(input_layouts[0])
+        if padded and any(layer is not None and layer.groups > 1 for layer in layers):
+            return None, "grouped convolutions (`groups > 1`) of different widths do not fuse"
+        layout = layout_lib.prefix(filters)
+        reason = padded_activation_problem(layers, layout)
+        return ([layout], None) if reason is None else (None, reason)
 
     def build(self, input_shape):
         channels = input_shape[-1]
@@ -103,11 +118,36 @@ class FusedConv(FusedLayer):
                 initializer="zeros",
                 regularizer=_regularizer(self.member_config, "bias_regularizer"),
             )
+        self._padding_masks(channels)
+
+    def _padding_masks(self, channels):
+        """The masks keeping the kernel's and bias's padding at zero (`None` without)."""
+        in_layout = self.input_layout()
+        if in_layout is None:
+            in_layout = layout_lib.full(channels // self.groups, self.n_members)
+        self._in_layout = in_layout
+        mask = _padding.outer(in_layout, self.out_layout)
+        spatial = (1,) * self.rank
+        self.kernel_mask = _padding.mask_or_none(
+            mask.reshape(self.n_members, *spatial, *mask.shape[1:])
+        )
+        bias_layout = self.out_layout & np.asarray(self.member_bias)[:, None]
+        self.bias_mask = _padding.mask_or_none(bias_layout)
+
+    def member_weight_index(self, k, i):
+        padded = self.kernel_mask is not None
+        rows = np.flatnonzero(self._in_layout[i])
+        cols = np.flatnonzero(self.out_layout[i])
+        if k == 0:
+            return 0, ((None,) * self.rank + (rows, cols) if padded else None)
+        if not self.member_bias[i]:
+            return None, None
+        return 1, ((cols,) if padded else None)
 
     def _resolved_implementation(self):
         if self.implementation != "auto":
             return self.implementation
-        if self.groups > 1 or _has_accelerator():
+        if self.groups > 1 or has_accelerator():
             return "grouped"
         return "patches"
 
@@ -123,10 +163,11 @@ class FusedConv(FusedLayer):
         if padding == "causal":
             x = self._causal_pad(x)
             padding = "valid"
-        y = self._convolve(x, stacked, self.kernel, padding, self.strides, self.dilation_rate)
+        kernel = _padding.masked(self.kernel, self.kernel_mask)
+        y = self._convolve(x, stacked, kernel, padding, self.strides, self.dilation_rate)
         if self.bias is not None:
-            y = y + self.member_broadcast(self.bias, len(y.shape))
-        return self.activation(y)
+            y = y + self.member_broadcast(_padding.masked(self.bias, self.bias_mask), len(y.shape))
+        return self.activate(y)
 
     def _convolve(self, x, stacked, kernel, padding, strides, dilation):
         """Every member's convolution of `x` with its `(*kernel_size, C, filters)` kernel."""
@@ -210,6 +251,10 @@ class FusedConvTranspose(FusedConv):
     ```
     """
 
+    size_keys = ()
+    per_member_keys = ()
+    skippable = False
+
     def __init__(
         self, n_members, member_config, input_stacked=True, implementation="auto", **kwargs
     ):
@@ -257,7 +302,14 @@ class FusedConvTranspose(FusedConv):
         y = self._convolve(x, stacked, kernel, "valid", (1,) * r, self.dilation_rate)
         if self.bias is not None:
             y = y + self.member_broadcast(self.bias, len(y.shape))
-        return self.activation(y)
+        return self.activate(y)
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        return FusedLayer.output_layouts.__func__(cls, layers, input_layouts, input_shapes)
+
+    def member_weight_index(self, k, i):
+        return k, None
 
 
 def _insert_zeros(x, axis, stride):
@@ -308,12 +360,34 @@ class FusedDepthwiseConv2D(FusedLayer):
         self.dilation_rate = tuple(member_config["dilation_rate"])
         self.padding = member_config["padding"]
         self.depth_multiplier = int(member_config["depth_multiplier"])
-        self.use_bias = member_config.get("use_bias", True)
-        self.activation = keras.activations.get(member_config.get("activation"))
+        self.member_bias = [bool(b) for b in self.per_member("use_bias")]
+        self.use_bias = any(self.member_bias)
+
+    per_member_keys = ("activation", "use_bias")
 
     @classmethod
     def unsupported_reason(cls, member_config):
         return unsupported_options(member_config)
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        if layout_lib.is_full(input_layouts[0]):
+            return [None], None
+        multiplier = next(layer for layer in layers if layer is not None).depth_multiplier
+        full = layout_lib.full(multiplier, len(layers))
+        layout = layout_lib.product(input_layouts[0], full)
+        reason = padded_activation_problem(layers, layout)
+        return ([layout], None) if reason is None else (None, reason)
+
+    def member_weight_index(self, k, i):
+        if self.kernel_mask is None:
+            return (k, None) if k == 0 or self.member_bias[i] else (None, None)
+        channels = np.flatnonzero(self._in_layout[i])
+        if k == 0:
+            return 0, (None, None, channels, None)
+        if not self.member_bias[i]:
+            return None, None
+        return 1, (np.flatnonzero(self._out_layout[i]),)
 
     def build(self, input_shape):
         channels = input_shape[-1]
@@ -330,6 +404,21 @@ class FusedDepthwiseConv2D(FusedLayer):
                 initializer="zeros",
                 regularizer=_regularizer(self.member_config, "bias_regularizer"),
             )
+        in_layout = self.input_layout()
+        self._in_layout = (
+            layout_lib.full(channels, self.n_members) if in_layout is None else in_layout
+        )
+        multiplier = layout_lib.full(self.depth_multiplier, self.n_members)
+        self._out_layout = layout_lib.product(self._in_layout, multiplier)
+        self.kernel_mask = _padding.mask_or_none(
+            np.broadcast_to(
+                self._in_layout[:, None, None, :, None],
+                (self.n_members, 1, 1, channels, self.depth_multiplier),
+            )
+        )
+        self.bias_mask = _padding.mask_or_none(
+            self._out_layout & np.asarray(self.member_bias)[:, None]
+        )
 
     def call(self, inputs, training=None):
         n = self.n_members
@@ -337,7 +426,7 @@ class FusedDepthwiseConv2D(FusedLayer):
         shape = ops.shape(x)
         channels = x.shape[-1]
         x = ops.reshape(ops.transpose(x, (1, 2, 3, 0, 4)), (-1, shape[2], shape[3], n * channels))
-        kernel = ops.transpose(self.kernel, (1, 2, 0, 3, 4))
+        kernel = ops.transpose(_padding.masked(self.kernel, self.kernel_mask), (1, 2, 0, 3, 4))
         kernel = ops.reshape(kernel, (*self.kernel_size, n * channels, self.depth_multiplier))
         y = ops.depthwise_conv(
             x,
@@ -350,8 +439,8 @@ class FusedDepthwiseConv2D(FusedLayer):
         y = ops.reshape(y, (-1, out_shape[1], out_shape[2], n, channels * self.depth_multiplier))
         y = ops.transpose(y, (3, 0, 1, 2, 4))
         if self.bias is not None:
-            y = y + self.member_broadcast(self.bias, 5)
-        return self.activation(y)
+            y = y + self.member_broadcast(_padding.masked(self.bias, self.bias_mask), 5)
+        return self.activate(y)
 
 
 register_fused_layer(keras.layers.Conv2D)(FusedConv)

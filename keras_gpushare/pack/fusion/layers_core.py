@@ -1,10 +1,13 @@
 """Fused forms of Dense, Embedding, Dropout and of layers without weights."""
 
 import keras
+import numpy as np
 from keras import ops
 
+from keras_gpushare.pack.fusion import _padding
+from keras_gpushare.pack.fusion import layout as layout_lib
+from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
-from keras_gpushare.pack.fusion._checks import unsupported_options
 from keras_gpushare.pack.fusion.base import FusedLayer, fold, unfold
 from keras_gpushare.pack.fusion.registry import register_fused_layer
 
@@ -15,7 +18,9 @@ class FusedDense(FusedLayer):
     """N Dense layers as one batched matmul `(N, B, in) x (N, in, out)`.
 
     A replicated `(B, in)` input is multiplied once by the members' kernels laid side
-    by side, `(B, in) x (in, N * out)`, so the batch is never copied N times.
+    by side, `(B, in) x (in, N * out)`, so the batch is never copied N times. Members may
+    differ in `units` (the kernel is as wide as the widest; each member's kernel is a
+    masked corner of its slice), in `activation` and in `use_bias`.
 
     Args:
         n_members: Number of members. Defaults to none (required).
@@ -36,16 +41,28 @@ class FusedDense(FusedLayer):
     """
 
     handles_masks = True
+    size_keys = ("units",)
+    per_member_keys = ("activation", "use_bias")
+    skippable = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
-        self.units = int(member_config["units"])
-        self.use_bias = member_config.get("use_bias", True)
-        self.activation = keras.activations.get(member_config.get("activation"))
+        self.member_units = [int(u or 0) for u in self.per_member("units")]
+        self.units = max(self.member_units)
+        self.member_bias = [bool(b) for b in self.per_member("use_bias")]
+        self.use_bias = any(self.member_bias)
+        self.out_layout = layout_lib.prefix(self.member_units, self.units)
 
     @classmethod
     def unsupported_reason(cls, member_config):
         return unsupported_options(member_config)
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        units = [0 if layer is None else int(layer.units) for layer in layers]
+        layout = layout_lib.prefix(units)
+        reason = padded_activation_problem(layers, layout)
+        return ([layout], None) if reason is None else (None, reason)
 
     def build(self, input_shape):
         in_dim = input_shape[-1]
@@ -62,24 +79,43 @@ class FusedDense(FusedLayer):
                 initializer="zeros",
                 regularizer=_regularizer(self.member_config, "bias_regularizer"),
             )
+        in_layout = self.input_layout()
+        if in_layout is None:
+            in_layout = layout_lib.full(in_dim, self.n_members)
+        self.kernel_mask = _padding.mask_or_none(_padding.outer(in_layout, self.out_layout))
+        bias_layout = self.out_layout & np.asarray(self.member_bias)[:, None]
+        self.bias_mask = _padding.mask_or_none(bias_layout)
+        self._in_layout = in_layout
+
+    def member_weight_index(self, k, i):
+        padded = self.kernel_mask is not None
+        rows = np.flatnonzero(self._in_layout[i])
+        cols = np.flatnonzero(self.out_layout[i])
+        if k == 0:
+            return 0, ((rows, cols) if padded else None)
+        if not self.member_bias[i]:
+            return None, None
+        return 1, ((cols,) if padded else None)
 
     def call(self, inputs, training=None):
         n, units = self.n_members, self.units
-        in_dim = self.kernel.shape[1]
+        kernel = _padding.masked(self.kernel, self.kernel_mask)
+        in_dim = kernel.shape[1]
         if self.input_is_stacked():
             lead = ops.shape(inputs)[1:-1]
             x = ops.reshape(inputs, (n, -1, in_dim))
-            y = ops.matmul(x, self.kernel)
+            y = ops.matmul(x, kernel)
             y = ops.reshape(y, (n, *lead, units))
         else:
             lead = ops.shape(inputs)[:-1]
             x = ops.reshape(inputs, (-1, in_dim))
-            side_by_side = ops.reshape(ops.transpose(self.kernel, (1, 0, 2)), (in_dim, n * units))
+            side_by_side = ops.reshape(ops.transpose(kernel, (1, 0, 2)), (in_dim, n * units))
             y = ops.reshape(ops.matmul(x, side_by_side), (-1, n, units))
             y = ops.reshape(ops.transpose(y, (1, 0, 2)), (n, *lead, units))
         if self.bias is not None:
-            y = y + self.member_broadcast(self.bias, len(y.shape))
-        return self.activation(y)
+            bias = _padding.masked(self.bias, self.bias_mask)
+            y = y + self.member_broadcast(bias, len(y.shape))
+        return self.activate(y)
 
     def compute_mask(self, inputs, mask=None):
         return self.stacked_mask(mask)
@@ -114,16 +150,25 @@ class FusedEmbedding(FusedLayer):
     """
 
     handles_masks = True
+    size_keys = ("output_dim",)
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
         self.input_dim = int(member_config["input_dim"])
-        self.output_dim = int(member_config["output_dim"])
+        self.member_dims = [int(d or 0) for d in self.per_member("output_dim")]
+        self.output_dim = max(self.member_dims)
         self.mask_zero = bool(member_config.get("mask_zero", False))
+        self.out_layout = layout_lib.prefix(self.member_dims, self.output_dim)
+        self.table_mask = _padding.mask_or_none(self.out_layout[:, None, :])
 
     @classmethod
     def unsupported_reason(cls, member_config):
         return unsupported_options(member_config, keys=("sparse",))
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        dims = [0 if layer is None else int(layer.output_dim) for layer in layers]
+        return [layout_lib.prefix(dims)], None
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
@@ -132,15 +177,21 @@ class FusedEmbedding(FusedLayer):
             regularizer=_regularizer(self.member_config, "embeddings_regularizer"),
         )
 
+    def member_weight_index(self, k, i):
+        if self.table_mask is None:
+            return 0, None
+        return 0, (None, np.flatnonzero(self.out_layout[i]))
+
     def call(self, inputs, training=None):
+        table = _padding.masked(self.embeddings, self.table_mask)
         if inputs.dtype not in ("int32", "int64"):
             inputs = ops.cast(inputs, "int32")
         if not self.input_is_stacked():
-            return ops.take(self.embeddings, inputs, axis=1)
+            return ops.take(table, inputs, axis=1)
         rank = len(inputs.shape)
         offsets = ops.arange(self.n_members, dtype=inputs.dtype) * self.input_dim
         offsets = ops.reshape(offsets, (self.n_members,) + (1,) * (rank - 1))
-        table = ops.reshape(self.embeddings, (-1, self.output_dim))
+        table = ops.reshape(table, (-1, self.output_dim))
         return ops.take(table, inputs + offsets, axis=0)
 
     def compute_mask(self, inputs, mask=None):
@@ -179,11 +230,12 @@ class FusedDropout(FusedLayer):
 
     per_member_keys = ("rate",)
     handles_masks = True
+    passes_layout = True
+    skippable = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
-        rates = member_config.get("per_member", {}).get("rate")
-        self.rates = [float(r) for r in rates or [member_config["rate"]] * n_members]
+        self.rates = [float(r or 0.0) for r in self.per_member("rate")]
         noise_shape = member_config.get("noise_shape")
         self.noise_shape = None if noise_shape is None else (n_members, *noise_shape)
         self.seed_generator = keras.random.SeedGenerator(member_config.get("seed"))
@@ -242,21 +294,58 @@ class FusedPerSample(FusedLayer):
     """
 
     handles_masks = True
+    skippable = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
-        self.inner = keras.saving.deserialize_keras_object(member_config)
+        serialized = {k: v for k, v in member_config.items() if k != "input_layouts"}
+        self.inner = keras.saving.deserialize_keras_object(serialized)
         self.supports_masking = self.inner.supports_masking
 
     @classmethod
-    def from_member(cls, layer, n_members, input_stacked):
+    def from_member(cls, layer, n_members, input_stacked, member_layers=(), input_layouts=None):
+        config = keras.saving.serialize_keras_object(layer)
+        if input_layouts is not None and not all(layout_lib.is_full(x) for x in input_layouts):
+            config["input_layouts"] = [layout_lib.to_config(x) for x in input_layouts]
         return cls(
             n_members=n_members,
-            member_config=keras.saving.serialize_keras_object(layer),
+            member_config=config,
             input_stacked=input_stacked,
             name=layer.name,
             trainable=layer.trainable,
             dtype=layer.dtype_policy,
+        )
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        """Padded features pass through layers that treat each feature on its own (pooling,
+        element-wise activations, merges of like inputs); `Flatten` repeats the feature
+        layout over the flattened positions, `Concatenate` lays layouts side by side."""
+        if all(layout_lib.is_full(x) for x in input_layouts):
+            return [None], None
+        layer = next(m for m in layers if m is not None)
+        name = type(layer).__name__
+        widths = [shape[-1] for shape in input_shapes]
+        layouts = [
+            layout_lib.full(w, len(layers)) if x is None else x
+            for x, w in zip(input_layouts, widths)
+        ]
+        if name in _FEATURE_WISE:
+            return [input_layouts[0]], None
+        if name == "Flatten":
+            positions = int(np.prod(input_shapes[0][1:-1], dtype=int))
+            return [layout_lib.repeat(layouts[0], positions)], None
+        if name in _MERGES and all(np.array_equal(x, layouts[0]) for x in layouts):
+            return [input_layouts[0]], None
+        if name == "Concatenate":
+            rank = len(input_shapes[0])
+            if layer.axis in (-1, rank - 1):
+                return [layout_lib.concat(layouts)], None
+            if all(np.array_equal(x, layouts[0]) for x in layouts):
+                return [input_layouts[0]], None
+        return None, (
+            f"`{name}` cannot take members' inputs of different sizes (features padded to the "
+            "widest member)"
         )
 
     @property
@@ -338,6 +427,102 @@ class FusedRandomPerSample(FusedPerSample):
         return True
 
 
+@register_fused_layer(keras.layers.Activation)
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedActivation(FusedLayer):
+    """N `Activation` layers, each member with its own activation (relu, tanh, ...).
+
+    When every member uses the same activation and the input is replicated, it runs once
+    on the shared batch and the output stays replicated.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: The member `Activation` config. Defaults to none (required).
+        input_stacked: Whether the input is stacked. Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedActivation
+
+    config = keras.layers.Activation("relu").get_config()
+    config["per_member"] = {"activation": ["relu", "tanh"]}
+    layer = FusedActivation(n_members=2, member_config=config)
+    print(layer(keras.ops.ones((2, 3, 4)) * -1.0)[:, 0, 0])  # [0, tanh(-1)]
+    ```
+    """
+
+    per_member_keys = ("activation",)
+    passes_layout = True
+    skippable = True
+    handles_masks = True
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        reason = padded_activation_problem(layers, input_layouts[0])
+        return ([input_layouts[0]], None) if reason is None else (None, reason)
+
+    @property
+    def output_stacked(self):
+        specs = {repr(spec) for spec in self.per_member("activation") if spec is not None}
+        return self.input_is_stacked() or len(specs) > 1
+
+    def call(self, inputs, training=None):
+        if not self.output_stacked:
+            spec = next(spec for spec in self.per_member("activation") if spec is not None)
+            return keras.activations.get(spec)(inputs)
+        return self.activate(self.to_stacked(inputs))
+
+    def compute_mask(self, inputs, mask=None):
+        return mask if not self.output_stacked else self.stacked_mask(mask)
+
+
+@keras.saving.register_keras_serializable(package="keras_gpushare")
+class FusedSkip(FusedLayer):
+    """Each member's output of a layer, or its input where the member leaves the layer out.
+
+    A member of a depth search with fewer layers than the others skips the extra ones:
+    its tensor passes through them unchanged. The layer's input and output are stacked;
+    the narrower of the two is widened with zeros (padding) to the other's width.
+
+    Args:
+        n_members: Number of members. Defaults to none (required).
+        member_config: `{"present": [bool per member]}`: whether each member has the layer.
+            Defaults to none (required).
+        input_stacked: Unused (both inputs are stacked). Defaults to `True`.
+        **kwargs: Base layer keyword arguments.
+
+    Example:
+
+    ```python
+    import keras
+    from keras_gpushare.pack.fusion.layers_core import FusedSkip
+
+    layer = FusedSkip(n_members=2, member_config={"present": [True, False]})
+    x, y = keras.ops.zeros((2, 3, 4)), keras.ops.ones((2, 3, 5))
+    print(keras.ops.convert_to_numpy(layer([x, y]))[:, 0])  # member 1 keeps its input
+    ```
+    """
+
+    def call(self, inputs, training=None):
+        x, y = inputs
+        width = max(x.shape[-1], y.shape[-1])
+        x, y = _widen(x, width), _widen(y, width)
+        present = np.asarray(self.member_config["present"])
+        keep = self.member_broadcast(ops.convert_to_tensor(present), len(y.shape))
+        return ops.where(keep, y, x)
+
+
+def _widen(x, width):
+    """`x` with zero features appended up to `width`."""
+    extra = width - x.shape[-1]
+    if not extra:
+        return x
+    return ops.pad(x, [[0, 0]] * (len(x.shape) - 1) + [[0, extra]])
+
+
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class FusedBroadcast(FusedLayer):
     """Copy a replicated `(B, ...)` tensor to every member: `(N, B, ...)`.
@@ -372,7 +557,6 @@ class FusedBroadcast(FusedLayer):
 
 
 _PER_SAMPLE = (
-    "Activation",
     "ReLU",
     "LeakyReLU",
     "ELU",
@@ -414,6 +598,25 @@ _PER_SAMPLE = (
     "Dot",
     "Rescaling",
 )
+# Per-sample layers that treat each feature (last axis) on its own, and merges of inputs
+# laid out alike: padded features pass through them.
+_FEATURE_WISE = {
+    "ReLU",
+    "LeakyReLU",
+    "ELU",
+    "Identity",
+    "RepeatVector",
+    "Rescaling",
+    "SpatialDropout1D",
+    "SpatialDropout2D",
+    "SpatialDropout3D",
+    "GaussianNoise",
+    "GaussianDropout",
+    "AlphaDropout",
+    *(n for n in _PER_SAMPLE if "Pooling" in n or n.startswith(("UpSampling", "Zero", "Crop"))),
+}
+_MERGES = {"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum"}
+
 for _name in _PER_SAMPLE:
     register_fused_layer(getattr(keras.layers, _name))(FusedPerSample)
 

@@ -1,8 +1,11 @@
 """Fused forms of BatchNormalization and LayerNormalization."""
 
 import keras
+import numpy as np
 from keras import ops
 
+from keras_gpushare.pack.fusion import _padding
+from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion._checks import unsupported_options
 from keras_gpushare.pack.fusion.base import FusedLayer
@@ -10,7 +13,27 @@ from keras_gpushare.pack.fusion.registry import register_fused_layer
 
 
 class _FusedNormalization(FusedLayer):
-    """Shared axis bookkeeping: member axes shift by one on the stacked tensor."""
+    """Shared axis bookkeeping: member axes shift by one on the stacked tensor.
+
+    Members whose features (the last axis, normalized) are padded to the widest member
+    scale and shift only their own features: the padding's scale and offset are masked to
+    zero, so the padded outputs stay zero.
+    """
+
+    passes_layout = True
+    skippable = True
+
+    @classmethod
+    def output_layouts(cls, layers, input_layouts, input_shapes):
+        if layout_lib.is_full(input_layouts[0]):
+            return [None], None
+        rank = len(input_shapes[0])
+        for layer in layers:
+            axis = None if layer is None else layer.get_config().get("axis", -1)
+            axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+            if layer is not None and [a % rank for a in axes] != [rank - 1]:
+                return None, "normalizing other axes than the features of different widths"
+        return [input_layouts[0]], None
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
@@ -30,6 +53,15 @@ class _FusedNormalization(FusedLayer):
             input_shape[a - offset] if a in self.stacked_axes else 1
             for a in range(1, self.stacked_rank)
         ]
+        self.feature_layout = self.input_layout()
+        self.param_mask = None
+        if self.feature_layout is not None:
+            self.param_mask = _padding.mask_or_none(self.feature_layout)
+
+    def member_weight_index(self, k, i):
+        if self.param_mask is None:
+            return k, None
+        return k, (np.flatnonzero(self.feature_layout[i]),)
 
     def _add_pair(self):
         self.gamma = self.beta = None
@@ -52,10 +84,14 @@ class _FusedNormalization(FusedLayer):
     def _normalize(self, x, mean, variance):
         inv = ops.rsqrt(variance + self.epsilon)
         if self.gamma is not None:
-            inv = inv * ops.reshape(ops.cast(self.gamma, x.dtype), self.broadcast_shape)
+            gamma = _padding.masked(self.gamma, self.param_mask)
+            inv = inv * ops.reshape(ops.cast(gamma, x.dtype), self.broadcast_shape)
+        elif self.param_mask is not None:
+            inv = inv * ops.reshape(ops.cast(self.param_mask, x.dtype), self.broadcast_shape)
         res = -mean * inv
         if self.beta is not None:
-            res = res + ops.reshape(ops.cast(self.beta, x.dtype), self.broadcast_shape)
+            beta = _padding.masked(self.beta, self.param_mask)
+            res = res + ops.reshape(ops.cast(beta, x.dtype), self.broadcast_shape)
         return x * inv + res
 
 
@@ -173,7 +209,14 @@ class FusedLayerNormalization(_FusedNormalization):
         x = self.to_stacked(inputs)
         compute_dtype = keras.backend.result_type(x.dtype, "float32")
         x = ops.cast(x, compute_dtype)
-        mean, variance = ops.moments(x, axes=self.stacked_axes, keepdims=True)
+        if self.param_mask is None:
+            mean, variance = ops.moments(x, axes=self.stacked_axes, keepdims=True)
+        else:
+            # Each member's statistics over its own features only.
+            mask = ops.reshape(ops.cast(self.param_mask, x.dtype), self.broadcast_shape)
+            count = ops.maximum(ops.sum(mask, axis=-1, keepdims=True), 1.0)
+            mean = ops.sum(x * mask, axis=-1, keepdims=True) / count
+            variance = ops.sum(ops.square((x - mean) * mask), axis=-1, keepdims=True) / count
         return ops.cast(self._normalize(x, mean, variance), self.compute_dtype)
 
     def compute_mask(self, inputs, mask=None):

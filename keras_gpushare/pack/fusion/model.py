@@ -4,6 +4,7 @@ import logging
 from collections.abc import Sequence
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_gpushare.pack.fusion import converter
@@ -65,9 +66,12 @@ class FusedModel(keras.Model):
                 from. Defaults to none (required).
 
         Returns:
-            A list of `(fused_variable, (member_0_variable, ..., member_N-1_variable))`,
-            trainable and non-trainable variables alike, in the order of
-            `self.weights`.
+            A list of `(fused_variable, parts)`, trainable and non-trainable variables
+            alike, in the order of `self.weights`. `parts[i]` is `(variable, index)`:
+            member `i`'s variable (`None` when the member has none: it leaves the layer
+            out, or has no bias) and where it lies in slice `i` of the fused variable
+            (`index`, a tuple of per-axis positions for `member_part`; `None`: the whole
+            slice).
         """
         members = list(members)
         if len(members) != self.n_members:
@@ -84,32 +88,39 @@ class FusedModel(keras.Model):
             graphs.append(graph)
         pairs = []
         for layer in self.graph.layers:
-            position = self.layer_index.get(layer.name)
-            if position is None:
+            positions = self.layer_index.get(layer.name)
+            if positions is None:
                 continue
-            member_layers = [g.layers[position] for g in graphs]
+            if isinstance(positions, int):
+                positions = [positions] * self.n_members
+            member_layers = [None if p is None else g.layers[p] for g, p in zip(graphs, positions)]
             for k, fused_variable in enumerate(layer.weights):
-                member_variables = tuple(m.weights[k] for m in member_layers)
-                for i, variable in enumerate(member_variables):
-                    if (self.n_members, *variable.shape) != tuple(fused_variable.shape):
-                        raise ValueError(
-                            f"Member {i}'s variable `{variable.path}` of shape "
-                            f"{tuple(variable.shape)} does not fit the fused variable "
-                            f"`{fused_variable.path}` of shape {tuple(fused_variable.shape)}. "
-                            "Pass members with the architecture the model was built from."
-                        )
-                pairs.append((fused_variable, member_variables))
+                parts = []
+                for i, member_layer in enumerate(member_layers):
+                    position, index = (None, None)
+                    if member_layer is not None:
+                        position, index = layer.member_weight_index(k, i)
+                    variable = None if position is None else member_layer.weights[position]
+                    if variable is not None:
+                        _check_part(variable, fused_variable, index, i)
+                    parts.append((variable, index))
+                pairs.append((fused_variable, tuple(parts)))
         return pairs
 
     def load_from_members(self, members: Sequence[keras.Model]) -> None:
         """Copy every member's weights into its slice of the stacked weights.
 
+        Padding (what no member owns) is set to zero.
+
         Args:
             members: The N member models. Defaults to none (required).
         """
-        for fused_variable, member_variables in self.member_variable_map(members):
-            values = [ops.convert_to_numpy(v) for v in member_variables]
-            fused_variable.assign(ops.stack(values))
+        for fused_variable, parts in self.member_variable_map(members):
+            value = np.zeros(fused_variable.shape, dtype=fused_variable.dtype)
+            for i, (variable, index) in enumerate(parts):
+                if variable is not None:
+                    set_member_part(value, i, index, ops.convert_to_numpy(variable))
+            fused_variable.assign(value)
 
     def write_to_members(self, members: Sequence[keras.Model]) -> None:
         """Copy each slice of the stacked weights back into its member model.
@@ -119,10 +130,11 @@ class FusedModel(keras.Model):
         Args:
             members: The N member models. Defaults to none (required).
         """
-        for fused_variable, member_variables in self.member_variable_map(members):
+        for fused_variable, parts in self.member_variable_map(members):
             value = ops.convert_to_numpy(fused_variable)
-            for i, variable in enumerate(member_variables):
-                variable.assign(value[i])
+            for i, (variable, index) in enumerate(parts):
+                if variable is not None:
+                    variable.assign(member_part(value, i, index))
 
     def get_config(self):
         return {
@@ -181,10 +193,10 @@ def build_fused_model(members: Sequence[keras.Model], input_mode: str = "replica
             f"{_INPUT_MODES}."
         )
     members = list(members)
-    report, graphs = inspect_members(members)
+    report, plan = inspect_members(members)
     if not report.fusable:
         raise ValueError(f"These members cannot be fused.\n{report}")
-    graph, layer_index = converter.build_graph(graphs, len(members), input_mode)
+    graph, layer_index = converter.build_graph(plan, len(members), input_mode)
     fused = FusedModel(
         graph,
         n_members=len(members),
@@ -195,3 +207,38 @@ def build_fused_model(members: Sequence[keras.Model], input_mode: str = "replica
     fused.load_from_members(members)
     logger.debug("Fused %d members into %s.", len(members), fused.name)
     return fused
+
+
+def _axes(index, shape):
+    """`np.ix_` of a per-axis index (`None` entries mean the whole axis)."""
+    return np.ix_(*[np.arange(size) if a is None else a for a, size in zip(index, shape)])
+
+
+def member_part(value, i, index):
+    """Member `i`'s own part of a stacked value (`index` from `member_variable_map`)."""
+    if index is None:
+        return value[i]
+    return value[i][_axes(index, value.shape[1:])]
+
+
+def set_member_part(value, i, index, part):
+    """Writes member `i`'s own part into a stacked NumPy value, in place."""
+    if index is None:
+        value[i] = part
+    else:
+        value[i][_axes(index, value.shape[1:])] = part
+
+
+def _check_part(variable, fused_variable, index, i):
+    shape = tuple(fused_variable.shape[1:])
+    if index is not None:
+        shape = tuple(
+            size if a is None else len(a) for a, size in zip(index, fused_variable.shape[1:])
+        )
+    if tuple(variable.shape) != shape:
+        raise ValueError(
+            f"Member {i}'s variable `{variable.path}` of shape {tuple(variable.shape)} does "
+            f"not fit the fused variable `{fused_variable.path}` of shape "
+            f"{tuple(fused_variable.shape)}. Pass members with the architecture the model "
+            "was built from."
+        )

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_gpushare.pack.fusion import _optimizer_state
 from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
     inner_optimizer,
@@ -261,9 +262,13 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         for rule in rules:
             hypers = [s.hyper for s in self._settings]
             for name, values in rule.initial_state(hypers).items():
-                state = self.add_variable((self.n_members,), initializer="zeros", name=name)
-                state.assign(np.asarray(values, dtype="float32"))
-                self._states[name] = state
+                # Initializers, not assignments: Keras may build the optimizer in a
+                # stateless scope, where an assignment would be lost.
+                self._states[name] = self.add_variable(
+                    (self.n_members,),
+                    initializer=keras.initializers.Constant(np.asarray(values, "float32")),
+                    name=name,
+                )
         self._accumulators = None
         if any(s.accumulation for s in self._settings):
             self._accumulators = [
@@ -285,14 +290,16 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             if initial is None:
                 continue
             shape = (b - a, *variable.shape[1:])
-            if shape == tuple(variable.shape):
+            values = np.asarray(initial, dtype="float32")
+            if shape == tuple(variable.shape) and not np.any(values != 0):
                 slot = self.add_variable_from_reference(variable, name=name)
             else:
-                slot = self.add_variable(shape, dtype=variable.dtype, name=name)
-            values = np.asarray(initial, dtype="float32")
-            if np.any(values != 0):
-                slot.assign(
-                    ops.ones(shape) * np.reshape(values, (b - a,) + (1,) * (len(shape) - 1))
+                per_member = np.reshape(values, (b - a,) + (1,) * (len(shape) - 1))
+                slot = self.add_variable(
+                    shape,
+                    initializer=keras.initializers.Constant(per_member),
+                    dtype=variable.dtype,
+                    name=name,
                 )
             self._slots[(k, r, name)] = slot
 
@@ -608,51 +615,6 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     # Members' own optimizers ---------------------------------------------------------
 
-    def _member_slot_pairs(self, optimizers, variable_map, member_ids):
-        """Yield `(position j, stacked slot row, member slot)` for every slot both sides have."""
-        trainable = {id(fused): members for fused, members in variable_map}
-        group = self._groups.index(tuple(member_ids))
-        for j, optimizer in enumerate(optimizers):
-            inner = inner_optimizer(optimizer)
-            fused_variables = [
-                (k, v) for k, v in enumerate(self._trainable_variables) if id(v) in trainable
-            ]
-            member_variables = [trainable[id(v)][j] for _, v in fused_variables]
-            run = next(r for r, (_, a, b) in enumerate(self._group_runs[group]) if a <= j < b)
-            start = self._group_runs[group][run][1]
-            for name, slot_list in self._settings[member_ids[j]].rule.member_slots(inner).items():
-                for (k, _), member_variable in zip(fused_variables, member_variables):
-                    stacked = self._slots.get((k, run, name))
-                    if stacked is not None:
-                        position = inner._get_variable_index(member_variable)
-                        yield j - start, stacked, slot_list[position]
-            if self._accumulators is not None and inner.gradient_accumulation_steps:
-                for (k, _), member_variable in zip(fused_variables, member_variables):
-                    position = inner._get_variable_index(member_variable)
-                    yield j, self._accumulators[k], inner._accumulated_gradients[position]
-
-    def _check_optimizers(self, optimizers, variable_map, member_ids):
-        """The member optimizers, built on their variables, and the group's member ids."""
-        optimizers = list(optimizers)
-        member_ids = tuple(range(self.n_members) if member_ids is None else member_ids)
-        if len(optimizers) != len(member_ids):
-            raise ValueError(
-                f"Invalid value for argument `optimizers`: got {len(optimizers)} optimizers "
-                f"for {len(member_ids)} members. Pass one optimizer per member."
-            )
-        if not self.built:
-            raise ValueError(
-                "The vectorized optimizer is not built yet. Call "
-                "`optimizer.build(fused_model.trainable_variables)` first."
-            )
-        trainable = {id(fused): members for fused, members in variable_map}
-        for j, optimizer in enumerate(optimizers):
-            if not optimizer.built:
-                optimizer.build(
-                    [trainable[id(v)][j] for v in self._trainable_variables if id(v) in trainable]
-                )
-        return optimizers, member_ids
-
     def write_state_to(
         self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map, member_ids=None
     ):
@@ -665,28 +627,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         Args:
             optimizers: One Keras optimizer per member of `member_ids`, of the classes this
                 optimizer was made from. Defaults to none (required).
-            variable_map: `FusedModel.member_variable_map(members)`: pairs of a stacked
-                variable and the member variables it holds. Defaults to none (required).
+            variable_map: `FusedModel.member_variable_map(members)`: each stacked variable
+                with the member variables it holds. Defaults to none (required).
             member_ids: The group's members, in slice order. Defaults to all members.
         """
-        optimizers, member_ids = self._check_optimizers(optimizers, variable_map, member_ids)
-        steps = ops.convert_to_numpy(self.member_iterations)
-        rates = ops.convert_to_numpy(self.member_learning_rate)
-        states = {name: ops.convert_to_numpy(s) for name, s in self._states.items()}
-        for optimizer, i in zip(optimizers, member_ids):
-            inner = inner_optimizer(optimizer)
-            inner._iterations.assign(int(steps[i]))
-            if self._settings[i].schedule is None:
-                inner.learning_rate = float(rates[i])
-            for name, attribute in self._settings[i].rule.member_state.items():
-                getattr(inner, attribute).assign(states[name][i])
-            if optimizer is not inner and self._loss_scale is not None:
-                optimizer.dynamic_scale.assign(ops.convert_to_numpy(self._loss_scale)[i])
-                optimizer.step_counter.assign(int(ops.convert_to_numpy(self.scale_counter)[i]))
-        for j, stacked, member_slot in self._member_slot_pairs(
-            optimizers, variable_map, member_ids
-        ):
-            member_slot.assign(ops.convert_to_numpy(stacked)[j])
+        _optimizer_state.write_state_to(self, optimizers, variable_map, member_ids)
 
     def read_state_from(
         self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map, member_ids=None
@@ -700,28 +645,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 (required).
             member_ids: The group's members, in slice order. Defaults to all members.
         """
-        optimizers, member_ids = self._check_optimizers(optimizers, variable_map, member_ids)
-        steps = ops.convert_to_numpy(self.member_iterations).copy()
-        rates = ops.convert_to_numpy(self.member_learning_rate).copy()
-        for optimizer, i in zip(optimizers, member_ids):
-            inner = inner_optimizer(optimizer)
-            steps[i] = int(ops.convert_to_numpy(inner._iterations))
-            if self._settings[i].schedule is None:
-                rates[i] = float(ops.convert_to_numpy(inner.learning_rate))
-            for name, attribute in self._settings[i].rule.member_state.items():
-                value = ops.convert_to_numpy(self._states[name]).copy()
-                value[i] = float(ops.convert_to_numpy(getattr(inner, attribute)))
-                self._states[name].assign(value)
-        self.member_iterations.assign(steps.astype("int32"))
-        self.member_learning_rate.assign(rates.astype("float32"))
-        updates = {}
-        for j, stacked, member_slot in self._member_slot_pairs(
-            optimizers, variable_map, member_ids
-        ):
-            value = updates.setdefault(id(stacked), (stacked, ops.convert_to_numpy(stacked).copy()))
-            value[1][j] = ops.convert_to_numpy(member_slot)
-        for stacked, value in updates.values():
-            stacked.assign(value)
+        _optimizer_state.read_state_from(self, optimizers, variable_map, member_ids)
 
     def get_config(self):
         return {

@@ -4,18 +4,23 @@ import dataclasses
 from collections.abc import Sequence
 
 import keras
+from keras.src.backend import KerasTensor
 
 from keras_gpushare.pack.fusion import converter
+from keras_gpushare.pack.fusion import layout as layout_lib
+from keras_gpushare.pack.fusion import template as template_lib
 
 
 @dataclasses.dataclass
 class LayerVerdict:
-    """One layer call of member 0's graph and what fusion makes of it."""
+    """One layer call of the fused model and what fusion makes of it."""
 
     name: str
     type: str
     form: str
     reason: str | None = None
+    skipped: list = dataclasses.field(default_factory=list)
+    padding: float = 0.0
 
 
 @dataclasses.dataclass
@@ -23,14 +28,16 @@ class FusionReport:
     """Whether N members can be fused, with a layer-by-layer account.
 
     Attributes:
-        layers: One `LayerVerdict` per layer call, in graph order.
+        layers: One `LayerVerdict` per layer call of the fused model, in graph order.
         problems: Model-level reasons (not a graph, different inputs or outputs, ...).
         n_members: Number of members examined.
+        member_ids: The members' numbers in a pack, to name them by (default: 0 to N-1).
     """
 
     layers: list = dataclasses.field(default_factory=list)
     problems: list = dataclasses.field(default_factory=list)
     n_members: int = 0
+    member_ids: list | None = None
 
     @property
     def fusable(self) -> bool:
@@ -46,11 +53,50 @@ class FusionReport:
             type_width = max(len(v.type) for v in self.layers)
             for v in self.layers:
                 what = f"cannot fuse: {v.reason}" if v.reason else v.form
+                if not v.reason and v.padding:
+                    what += f", {v.padding:.0%} of its outputs padding"
+                if not v.reason and v.skipped:
+                    ids = self.member_ids or range(self.n_members)
+                    skipped = ", ".join(str(ids[i]) for i in v.skipped)
+                    what += f", left out by members {skipped}"
                 lines.append(f"  {v.name:<{width}}  {v.type:<{type_width}}  {what}")
         return "\n".join(lines)
 
 
-def _model_problems(members, graphs):
+@dataclasses.dataclass
+class FusionPlan:
+    """How the members fuse: their graphs, the template of calls, and the tensors' layouts.
+
+    Attributes:
+        graphs: every member's `MemberGraph`.
+        template: the fused model's calls (`template.TemplateNode`s).
+        chain: whether the template aligns chains (a call's input is the previous call's
+            output) rather than identical graphs.
+        layouts: the layout of every fused tensor (`None` where no member pads it), by
+            `("input", i)` or `("node", template position, output index)`.
+    """
+
+    graphs: list
+    template: list
+    chain: bool
+    layouts: dict
+
+    def sources(self, t):
+        """The keys of the tensors feeding call `t`'s first argument, flattened."""
+        if self.chain:
+            return [("input", 0)] if t == 0 else [("node", t - 1, 0)]
+        node = self.template[t].nodes[0]
+        graph = self.graphs[0]
+        first, _ = converter.call_arguments(node)
+        keys = []
+        for x in keras.tree.flatten(first):
+            if isinstance(x, KerasTensor):
+                ref = graph.tensor_refs[id(x)]
+                keys.append(("input", ref[1]) if ref[0] == "input" else ("node", ref[1], ref[2]))
+        return keys
+
+
+def _model_problems(graphs):
     problems = []
     first = graphs[0].functional
     masked = converter.masked_outputs(first)
@@ -69,18 +115,13 @@ def _model_problems(members, graphs):
             problems.append(f"member {i} has different inputs (shapes or dtypes) than member 0")
         if keras.tree.map_structure(lambda _: 0, other._outputs_struct) != (
             keras.tree.map_structure(lambda _: 0, first._outputs_struct)
-        ):
-            problems.append(f"member {i} has a different output structure than member 0")
-        if len(graph.nodes) != len(graphs[0].nodes):
-            problems.append(
-                f"member {i} has {len(graph.nodes)} layer calls, member 0 has "
-                f"{len(graphs[0].nodes)}"
-            )
+        ) or [tuple(x.shape) for x in other.outputs] != [tuple(x.shape) for x in first.outputs]:
+            problems.append(f"member {i}'s outputs differ from member 0's (structure or shape)")
     return problems
 
 
 def inspect_members(members):
-    """Return `(report, graphs)`; `graphs` is `None` unless every member has a graph."""
+    """Return `(report, plan)`; `plan` (a `FusionPlan`) is `None` unless the members fuse."""
     report = FusionReport(n_members=len(members))
     if len(members) == 0:
         report.problems.append("no members given; pass at least one model")
@@ -93,15 +134,68 @@ def inspect_members(members):
         graphs.append(graph)
     if report.problems:
         return report, None
-    report.problems.extend(_model_problems(members, graphs))
-    count = min(len(g.nodes) for g in graphs)
-    for k, node in enumerate(graphs[0].nodes[:count]):
+    report.problems.extend(_model_problems(graphs))
+    template_nodes, why = template_lib.align(graphs)
+    if why:
+        report.problems.append(why)
+        return report, None
+    chain = any(n is None for t in template_nodes for n in t.nodes) or any(
+        len(g.nodes) != len(graphs[0].nodes) for g in graphs
+    )
+    plan = FusionPlan(graphs, template_nodes, chain, {})
+    n = len(members)
+    for i in range(len(graphs[0].functional.inputs)):
+        plan.layouts[("input", i)] = None
+    for t, tnode in enumerate(template_nodes):
+        node = tnode.first
         layer = node.operation
-        members_nodes = [g.nodes[k] for g in graphs]
-        reason, fused_class = converter.layer_problem(layer, node, members_nodes, graphs)
-        form = fused_class.__name__ if fused_class is not None else "-"
-        report.layers.append(LayerVerdict(layer.name, type(layer).__name__, form, reason))
-    return report, graphs
+        reason, fused_class = converter.node_problem(tnode.nodes)
+        verdict = LayerVerdict(
+            layer.name,
+            type(layer).__name__,
+            fused_class.__name__ if fused_class is not None else "-",
+            reason,
+            skipped=tnode.skipped,
+        )
+        report.layers.append(verdict)
+        outputs = [None] * len(node.outputs)
+        if reason is None:
+            layers = [None if m is None else m.operation for m in tnode.nodes]
+            inputs = [plan.layouts.get(key) for key in plan.sources(t)]
+            first, _ = converter.call_arguments(node)
+            shapes = [
+                tuple(x.shape) for x in keras.tree.flatten(first) if isinstance(x, KerasTensor)
+            ]
+            found, why = fused_class.output_layouts(layers, inputs, shapes)
+            if why:
+                verdict.reason = why
+            else:
+                outputs = list(found) + [None] * (len(node.outputs) - len(found))
+                if tnode.skipped:
+                    outputs[0] = _passed_through(outputs[0], inputs[0], tnode.skipped, n, node)
+                verdict.padding = 0.0 if outputs[0] is None else layout_lib.waste(outputs[0])
+        for j, value in enumerate(outputs):
+            plan.layouts[("node", t, j)] = None if layout_lib.is_full(value) else value
+    if report.fusable and not chain:
+        ends = [plan.graphs[0].tensor_refs[id(x)] for x in graphs[0].functional.outputs]
+        keys = [("input", r[1]) if r[0] == "input" else ("node", r[1], r[2]) for r in ends]
+    else:
+        keys = [("node", len(template_nodes) - 1, 0)] if report.fusable else []
+    if any(plan.layouts.get(key) is not None for key in keys):
+        report.problems.append("the members' outputs differ in size; they must be the same")
+    return report, (plan if report.fusable else None)
+
+
+def _passed_through(out_layout, in_layout, skipped, n, node):
+    """The layout after a call some members leave out: theirs is the input's, widened."""
+    out_size = node.outputs[0].shape[-1]
+    in_size = node.input_tensors[0].shape[-1]
+    out_layout = layout_lib.full(out_size, n) if out_layout is None else out_layout
+    in_layout = layout_lib.full(in_size, n) if in_layout is None else in_layout
+    size = max(out_layout.shape[1], in_layout.shape[1])
+    result = layout_lib.widen(out_layout, size)
+    result[skipped] = layout_lib.widen(in_layout, size)[skipped]
+    return result
 
 
 def fusion_report(members: Sequence[keras.Model]) -> FusionReport:

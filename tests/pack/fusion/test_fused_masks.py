@@ -66,7 +66,7 @@ def test_masked_gradients_match_members():
     trainable = [f for f, _ in pairs if f.trainable]
     fused_grads = gradients(lambda: ops.sum(ops.square(fused(TOKENS))), trainable)
     for i, member in enumerate(members):
-        variables = [m[i] for f, m in pairs if f.trainable]
+        variables = [m[i][0] for f, m in pairs if f.trainable]
         grads = gradients(lambda member=member: ops.sum(ops.square(member(TOKENS))), variables)
         for fused_grad, grad in zip(fused_grads, grads):
             np.testing.assert_allclose(fused_grad[i], grad, atol=1e-5, rtol=1e-4)

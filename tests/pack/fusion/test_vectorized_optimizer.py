@@ -89,7 +89,7 @@ def _setup(optimizers):
 
 
 def _pairs(stacked, members):
-    return [(s, tuple(m[k] for m in members)) for k, s in enumerate(stacked)]
+    return [(s, tuple((m[k], None) for m in members)) for k, s in enumerate(stacked)]
 
 
 def _assert_member(stacked, variables, i, atol=1e-6):

@@ -1,0 +1,131 @@
+"""How long a fused group's step takes, roughly: padding against separate programs.
+
+Fusing members of different sizes pads every member to the widest, so a group computes more
+than its members need; keeping them apart costs a program (kernels launched, ops dispatched,
+an optimizer update) per group instead. The model counts both in floating-point operations
+(FLOPs) per step:
+
+- a layer with weights costs `2 * batch * positions * kernel * width_in * width_out` FLOPs
+  per member, at the group's padded widths (`positions`: output positions per sample, such
+  as a sequence's steps; `kernel`: a convolution's window);
+- every layer call of a group costs a fixed `overhead` as well, in FLOPs the device could
+  have done meanwhile: `OVERHEAD_FLOPS` (2 MFLOP on a CPU, 200 MFLOP on a GPU, where
+  launching a kernel takes a few microseconds of a device doing tens of TFLOP/s).
+
+A group's estimated step is the sum over its calls. `partition` merges groups while the
+merged group costs less than the groups apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from keras_gpushare.pack.fusion._checks import has_accelerator
+
+OVERHEAD_FLOPS = {"cpu": 2e6, "gpu": 2e8}
+ASSUMED_BATCH = 32
+
+
+def overhead_flops() -> float:
+    """The fixed cost of one layer call of a group on this machine's device, in FLOPs."""
+    return OVERHEAD_FLOPS["gpu" if has_accelerator() else "cpu"]
+
+
+@dataclasses.dataclass
+class _Call:
+    """One call of the template: its size per member (0 where a member leaves it out)."""
+
+    ins: np.ndarray
+    outs: np.ndarray
+    present: np.ndarray
+    positions: int
+    kernel: int
+    weighted: bool
+
+
+class GroupCosts:
+    """Per-member sizes of every call of a `FusionPlan`, to cost any subset of its members.
+
+    Args:
+        plan: the `report.FusionPlan` of the candidate members.
+        batch: the batch size assumed. Defaults to `ASSUMED_BATCH`.
+        overhead: FLOP-equivalents of one call of one group. Defaults to the device's.
+    """
+
+    def __init__(self, plan: Any, batch: int = ASSUMED_BATCH, overhead: float | None = None):
+        self.batch = batch
+        self.overhead = overhead_flops() if overhead is None else overhead
+        self.calls = []
+        n = len(plan.graphs)
+        for t, tnode in enumerate(plan.template):
+            node = tnode.first
+            out_shape = node.outputs[0].shape
+            in_shape = node.input_tensors[0].shape if node.input_tensors else out_shape
+            ins = _widths(
+                plan.layouts.get(plan.sources(t)[0]) if plan.sources(t) else None, in_shape[-1], n
+            )
+            outs = _widths(plan.layouts.get(("node", t, 0)), out_shape[-1], n)
+            present = np.asarray([m is not None for m in tnode.nodes])
+            layer = node.operation
+            kernel = 1
+            for weight in layer.weights[:1]:
+                kernel = int(np.prod(weight.shape[:-2], dtype=int)) if len(weight.shape) > 2 else 1
+            positions = int(np.prod([d or 1 for d in out_shape[1:-1]], dtype=int))
+            self.calls.append(
+                _Call(ins, outs, present, positions, kernel, bool(layer.trainable_weights))
+            )
+
+    def flops(self, members: Sequence[int]) -> tuple[float, float]:
+        """`(padded, real)` FLOPs of a step of a group of these members (plan positions)."""
+        members = np.asarray(list(members))
+        padded = real = 0.0
+        for call in self.calls:
+            ins, outs = call.ins[members], call.outs[members]
+            scale = 2.0 * self.batch * call.positions * call.kernel
+            if call.weighted:
+                padded += scale * len(members) * ins.max() * outs.max()
+                real += scale * float(np.sum(ins * outs * call.present[members]))
+            else:
+                padded += self.batch * call.positions * len(members) * outs.max()
+                real += self.batch * call.positions * float(np.sum(outs))
+        return padded, real
+
+    def cost(self, members: Sequence[int]) -> float:
+        """The estimated step of a group of these members, in FLOP-equivalents."""
+        members = list(members)
+        calls = sum(1 for call in self.calls if call.present[members].any())
+        return calls * self.overhead + self.flops(members)[0]
+
+    def waste(self, members: Sequence[int]) -> float:
+        """The share of a group's FLOPs that is padding."""
+        padded, real = self.flops(members)
+        return 0.0 if padded <= 0 else max(0.0, 1.0 - real / padded)
+
+
+def _widths(layout: Any, size: Any, n: int) -> np.ndarray:
+    if layout is None:
+        return np.full(n, float(size or 1))
+    return layout.sum(axis=1).astype(float)
+
+
+def partition(costs: GroupCosts, groups: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Merge `groups` (members of equal sizes) while merging lowers the estimated cost.
+
+    Groups are taken from the smallest to the largest (by FLOPs), each merged into the
+    group being formed when that costs less than keeping it apart, so members of similar
+    sizes end up together.
+    """
+    ordered = sorted((list(g) for g in groups), key=lambda g: costs.flops(g)[1] / len(g))
+    result: list[list[int]] = []
+    for group in ordered:
+        if result:
+            merged = result[-1] + group
+            if costs.cost(merged) < costs.cost(result[-1]) + costs.cost(group):
+                result[-1] = merged
+                continue
+        result.append(group)
+    return result
