@@ -1,18 +1,30 @@
-"""Benchmark: 16 trials of a small MLP search, plain KerasTuner vs ParallelTuner.
+"""Benchmark: a KerasTuner search, plain KerasTuner vs ParallelTuner, in one run.
 
-Every method runs the same RandomSearch (same seed, so the same 16 hyperparameter sets:
-units, learning rate, dropout) for the same epochs on the same data: plain KerasTuner one
-trial after the other; ParallelTuner with executor="pack" at K=4, 8, 16 trials per pack;
-ParallelTuner with executor="processes" and 2 workers. Prints wall time, the ratio of plain
-KerasTuner's time to each method's (same run), and the best and worst trial scores.
+Every method runs the same RandomSearch (same seed, so the same hyperparameter sets) for the
+same epochs on the same data: plain KerasTuner one trial after the other; ParallelTuner with
+executor="pack" at K=4, 8, 16 trials per pack; ParallelTuner with executor="processes" and 2
+workers. Two search spaces:
 
-    python benchmarks/tuner.py [--quick] [--trials 16] [--epochs 5] [--packs 4,8,16]
+- `small` (default): one hidden layer of 32/64/128 units, dropout rate, log learning rate.
+- `getting-started`: KerasTuner's getting-started space on MNIST-shaped synthetic data
+  (flatten, 1-3 layers of 32-256 units step 32, relu or tanh, dropout on or off, softmax over
+  10 classes, log learning rate, Adam or SGD): trials differ in widths, depth, activation and
+  optimizer family, which the pack fuses with padding.
+
+Prints wall time, the ratio of plain KerasTuner's time to each method's (same run), the
+best and worst trial scores, and for pack methods the engines the packs trained on.
+
+    python benchmarks/tuner.py [--space small|getting-started] [--quick] [--trials 16]
+        [--epochs 5] [--packs 4,8,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -47,24 +59,68 @@ def build(hp: keras_tuner.HyperParameters) -> keras.Model:
     return model
 
 
-def make_data(samples: int) -> tuple:
+def build_getting_started(hp: keras_tuner.HyperParameters) -> keras.Model:
+    """KerasTuner's getting-started search space (its tutorial's `build_model`)."""
+    model = keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten()])
+    for i in range(hp.Int("num_layers", 1, 3)):
+        model.add(
+            keras.layers.Dense(
+                hp.Int(f"units_{i}", min_value=32, max_value=256, step=32),
+                activation=hp.Choice("activation", ["relu", "tanh"]),
+            )
+        )
+    if hp.Boolean("dropout"):
+        model.add(keras.layers.Dropout(rate=0.25))
+    model.add(keras.layers.Dense(10, activation="softmax"))
+    lr = hp.Float("lr", min_value=1e-4, max_value=1e-2, sampling="log")
+    optimizer = hp.Choice("optimizer", ["adam", "sgd"])
+    model.compile(
+        optimizer=keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": lr}}),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+SPACES = {"small": build, "getting-started": build_getting_started}
+
+
+def make_data(samples: int, space: str) -> tuple:
     rng = np.random.default_rng(0)
+    if space == "getting-started":
+        x = rng.random(size=(samples, 28, 28)).astype("float32")
+        w = rng.normal(size=(28 * 28, 10)).astype("float32")
+        return x, np.argmax(x.reshape(samples, -1) @ w, axis=1).astype("int32")
     x = rng.normal(size=(samples, FEATURES)).astype("float32")
     w = rng.normal(size=(FEATURES, 1)).astype("float32")
     y = (np.tanh(x @ w) + 0.3 * rng.normal(size=(samples, 1)) > 0).astype("float32")
     return x, y
 
 
+class _Engines(logging.Handler):
+    """Collects the engines ParallelTuner's packs report ("... (fused engine)")."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.engines: collections.Counter = collections.Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = re.search(r"one pack of (\d+) models \((\w+) engine\)", record.getMessage())
+        if match:
+            self.engines[match.group(2)] += int(match.group(1))
+
+
 def run(method: str, k: int, args: argparse.Namespace, data: tuple, root: str) -> tuple:
     """Runs one search; returns (seconds, scores of the completed trials)."""
     common = dict(directory=root, project_name=f"{method}-{k}", overwrite=True)
+    hypermodel = SPACES[args.space]
     if method == "plain":
         tuner = keras_tuner.RandomSearch(
-            build, objective="val_loss", max_trials=args.trials, seed=1, **common
+            hypermodel, objective="val_loss", max_trials=args.trials, seed=1, **common
         )
     else:
         tuner = kg.tuner.ParallelTuner(
-            build,
+            hypermodel,
             objective="val_loss",
             max_trials=args.trials,
             seed=1,
@@ -82,6 +138,7 @@ def run(method: str, k: int, args: argparse.Namespace, data: tuple, root: str) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--space", choices=sorted(SPACES), default="small")
     parser.add_argument("--quick", action="store_true", help="4 trials, 2 epochs, K=4 only")
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=5)
@@ -92,26 +149,35 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.trials, args.epochs, args.packs, args.samples = 4, 2, "4", 1024
-    data = make_data(args.samples)
+    data = make_data(args.samples, args.space)
     methods = [("plain", 1)]
     methods += [("pack", int(k)) for k in args.packs.split(",") if k]
     if args.workers:
         methods.append(("processes", args.workers))
     root = tempfile.mkdtemp(prefix="kg-tuner-bench-")
     print(
-        f"{args.trials} trials x {args.epochs} epochs, {args.samples} samples, "
-        f"batch {args.batch}, device: {DEVICES[0]}"
+        f"space {args.space}: {args.trials} trials x {args.epochs} epochs, {args.samples} "
+        f"samples, batch {args.batch}, device: {DEVICES[0]}"
     )
-    print(f"{'method':<22}{'wall s':>9}{'vs plain':>10}{'best':>9}{'worst':>9}{'trials':>8}")
+    print(
+        f"{'method':<22}{'wall s':>9}{'vs plain':>10}{'best':>9}{'worst':>9}{'trials':>8}"
+        "  members per engine"
+    )
+    engines = _Engines()
+    pack_logger = logging.getLogger("keras_gpushare.tuner")
+    pack_logger.addHandler(engines)
+    pack_logger.setLevel(logging.INFO)
     baseline = None
     try:
         for method, k in methods:
+            engines.engines.clear()
             seconds, scores = run(method, k, args, data, root)
             baseline = baseline or seconds
             name = "KerasTuner RandomSearch" if method == "plain" else f"{method} K={k}"
+            used = ", ".join(f"{e} {n}" for e, n in sorted(engines.engines.items()))
             print(
                 f"{name:<22}{seconds:>9.1f}{baseline / seconds:>9.2f}x"
-                f"{min(scores):>9.4f}{max(scores):>9.4f}{len(scores):>8}",
+                f"{min(scores):>9.4f}{max(scores):>9.4f}{len(scores):>8}  {used}",
                 flush=True,
             )
     finally:

@@ -12,7 +12,6 @@ import keras
 from keras_tuner.src.engine import trial as trial_module
 
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.pack.fusion.converter import fusion_signature
 from keras_gpushare.tuner._trial_callbacks import (
     BestCheckpoint,
     PackTrials,
@@ -60,7 +59,7 @@ def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> d
             alone[trial.trial_id] = (trial, f"its model overrides {own}")
         else:
             runs.extend(trial_runs)
-    for group in _groups(runs, tuner.fuse, fit_kwargs):
+    for group in _groups(runs, fit_kwargs):
         _fit_group(tuner, group, fit_args, fit_kwargs, outcomes, alone)
     by_trial: dict[str, list[TrialRun]] = defaultdict(list)
     for run in runs:
@@ -111,36 +110,19 @@ def _batch_size(run: TrialRun, fit_kwargs: dict) -> Any:
     return run.trial.hyperparameters.values.get("batch_size", fit_kwargs.get("batch_size"))
 
 
-def _groups(runs: list[TrialRun], fuse: Any, fit_kwargs: dict) -> list[list[TrialRun]]:
-    """Packs: by batch size and start epoch; with fusion, large same-architecture groups.
+def _groups(runs: list[TrialRun], fit_kwargs: dict) -> list[list[TrialRun]]:
+    """Packs: one per batch size and start epoch.
 
-    Each `fit` costs a fixed tracing and compiling time, which dominates short trials, so
-    runs that can fuse (equal `fusion_signature`: dropout rates, weights and optimizer
-    settings may differ) get a pack of their own, which can be fused, only when they are at
-    least half of their group; all other runs train together in one pack.
+    Within a pack, `ModelPack`'s planner (`fuse="auto"`) fuses trials of one skeleton into
+    groups (padding widths and depths, per-member activations and optimizer families) and
+    trains what does not fuse on the graph engine, all in one step.
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
         values = run.trial.hyperparameters.values
         key = (repr(_batch_size(run, fit_kwargs)), values.get("tuner/initial_epoch", 0))
         by_key[key].append(run)
-    groups = []
-    for members in by_key.values():
-        if fuse is False:
-            groups.append(members)
-            continue
-        by_arch: dict[Any, list[TrialRun]] = defaultdict(list)
-        for run in members:
-            by_arch[fusion_signature(run.model) or id(run)].append(run)
-        mixed = []
-        for same in by_arch.values():
-            if len(same) > 1 and 2 * len(same) >= len(members):
-                groups.append(same)
-            else:
-                mixed.extend(same)
-        if mixed:
-            groups.append(mixed)
-    return groups
+    return list(by_key.values())
 
 
 def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
