@@ -171,8 +171,9 @@ def _is_list_of(value: Any, n: int) -> bool:
 def check_label_ranges(y: Any, members: Sequence[keras.Model]) -> None:
     """Raises, as Keras does on TensorFlow, when sparse labels fall outside a member's classes.
 
-    Keras's TensorFlow kernel rejects a sparse label outside `[0, classes)`; elsewhere (XLA,
-    the fused engine, JAX) the loss silently becomes NaN. Labels held in arrays are checked
+    Keras's TensorFlow kernel rejects a sparse label outside `[0, classes)`, where XLA and the
+    fused engine would silently make the loss NaN (the pack checks on TensorFlow only: on
+    JAX and torch plain Keras trains on such labels). Labels held in arrays are checked
     before any work; labels inside a dataset are not (a member whose loss turns NaN is then
     frozen, with a warning).
     """

@@ -636,7 +636,9 @@ class ModelPack(keras.Model):
         per_member = data_lib.labels_per_member(y, self._options.output_counts)
         for i, member in enumerate(self._members):
             data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
-        data_lib.check_label_ranges(y, self._members)
+        if keras.backend.backend() == "tensorflow":
+            # As Keras on TensorFlow does; on JAX and torch plain `fit` trains on them.
+            data_lib.check_label_ranges(y, self._members)
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`.
