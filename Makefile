@@ -8,6 +8,10 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 VENV_OLDEST := .venv-oldest
 OLDEST_PINS := tensorflow==2.16.1 keras==3.15.1 keras-tuner==1.4.7 "jax[cpu]==0.4.31"
 
+# Two test processes (pytest-xdist), one file each at a time: most tests trace and run small
+# Keras programs on one core. `make test PYTEST_JOBS=` runs them in one process.
+PYTEST_JOBS ?= -n 2 --dist loadfile
+
 .PHONY: demo test test-oldest bench docs lint format clean
 
 $(VENV)/.base: pyproject.toml
@@ -34,9 +38,9 @@ demo: $(VENV)/.base
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q
-	KERAS_BACKEND=jax $(PY) -m pytest -q tests/pack/fusion tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/conformance
-	KERAS_BACKEND=torch $(PY) -m pytest -q tests/conformance
+	$(PY) -m pytest -q $(PYTEST_JOBS)
+	KERAS_BACKEND=jax $(PY) -m pytest -q $(PYTEST_JOBS) tests/pack/fusion tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/conformance
+	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) tests/conformance
 
 $(VENV_OLDEST)/.test: pyproject.toml Makefile
 	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
