@@ -8,6 +8,7 @@ import numbers
 import os
 import sys
 import threading
+import warnings
 from types import FrameType
 from typing import Any
 
@@ -242,6 +243,9 @@ class UtilizationLogger(keras.callbacks.Callback):
                 if text in self._warned:
                     continue
                 self._warned.add(text)
+                # Shown by default, as Keras shows its own: a user who configured no
+                # logging still sees that there are no GPU figures, and why.
+                warnings.warn(self._tag(text), UserWarning, stacklevel=2)
             logger.log(level, "%s", self._tag(text))
         error, sampler.error = sampler.error, None
         if error is not None:

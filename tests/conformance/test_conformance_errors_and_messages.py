@@ -15,10 +15,6 @@ from conformance_harness import TENSORFLOW
 
 import keras_gpushare as kg
 
-ITEM_6 = (
-    "issue 12 item 6: the message goes to a logger with only a NullHandler; a user who "
-    "configured no logging sees nothing"
-)
 ENGINES = [
     pytest.param("fused", id="fused"),
     pytest.param(
@@ -130,7 +126,6 @@ def test_fallback_to_the_graph_engine_warns():
     assert pack.engine == "graph"
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_6)
 def test_missing_nvml_warns_once(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     data = arrays()
