@@ -9,6 +9,7 @@ repeats) and peak RSS, with ratios against sequential fits.
 
     python benchmarks/pack_vs_baselines.py                       # seeds' model, N=1,4,16
     python benchmarks/pack_vs_baselines.py --architecture mixed  # widths 16/32/48/64
+    python benchmarks/pack_vs_baselines.py --architecture varied # and depths, activations
     python benchmarks/pack_vs_baselines.py --suite fused         # N=64 seeds' MLPs, torch peer
     python benchmarks/pack_vs_baselines.py --suite cnn           # small CNN, fused vs graph
     KERAS_BACKEND=jax python benchmarks/pack_vs_baselines.py --members 1,16,64,256 \\
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _cnn import run_cnn_benchmark  # noqa: E402
 
 from keras_gpushare._bench.pack import (  # noqa: E402
+    ARCHITECTURES,
     BenchConfig,
     format_report,
     run_pack_benchmark,
@@ -37,7 +39,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--methods", default=None)
-    parser.add_argument("--architecture", choices=("mixed", "same"), default=None)
+    parser.add_argument("--architecture", choices=ARCHITECTURES, default=None)
     parser.add_argument("--sequential-at-most", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None, help="TensorFlow threads (0: default)")

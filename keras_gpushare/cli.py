@@ -29,9 +29,10 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--architecture",
-        choices=("mixed", "same"),
+        choices=("same", "mixed", "varied"),
         default=None,
-        help="members of widths 16/32/48/64 (mixed) or all the seeds' 64 (same)",
+        help="all the seeds' 64 (same), first widths 16/32/48/64 (mixed), or those widths "
+        "with 1-3 hidden layers and relu or tanh (varied)",
     )
     p.add_argument(
         "--repeats", type=int, default=None, help="repeat every run this many times, in turn"

@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 
 METHODS = ("sequential", "pool", "pack-graph", "pack-fused", "torch-vmap")
 _MIXED_WIDTHS = (16, 32, 48, 64)
+ARCHITECTURES = ("same", "mixed", "varied")
+_ARCHITECTURE_LINES = {
+    "same": "widths 64",
+    "mixed": "first hidden widths 16/32/48/64",
+    "varied": "first hidden widths 16/32/48/64, 1-3 hidden layers, relu or tanh",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +52,10 @@ class BenchConfig:
             one per core; on a shared machine its threads wait for each other at every
             operation, see docs/benchmarks.md). Defaults to `(1,)`.
         methods: methods to run, from `METHODS`. Defaults to all but the torch peer.
-        architecture: `"same"` (all the seeds' 10-64-32-1 model) or `"mixed"` (first
-            hidden widths 16/32/48/64 in turn: the graph engine's case; the fused engine
-            and the torch peer need one architecture and are left out). Defaults to
-            `"same"`.
+        architecture: `"same"` (all the seeds' 10-64-32-1 model), `"mixed"` (first
+            hidden widths 16/32/48/64 in turn) or `"varied"` (those widths, 1-3 hidden
+            layers and relu or tanh, in turn); the fused engine pads what differs, the
+            torch peer needs one architecture and is left out. Defaults to `"same"`.
         sequential_at_most: train at most this many members sequentially and scale the
             time to all of them (sequential fits cost the same per member). Defaults to
             `None` (train them all).
@@ -113,10 +119,10 @@ class BenchConfig:
                 )
             changes["methods"] = chosen
         if architecture is not None:
-            if architecture not in ("mixed", "same"):
+            if architecture not in ARCHITECTURES:
                 raise ValueError(
-                    f'Invalid value for --architecture: got {architecture!r}. Expected "mixed" '
-                    'or "same".'
+                    f"Invalid value for --architecture: got {architecture!r}. Expected one of "
+                    f"{', '.join(ARCHITECTURES)}."
                 )
             changes["architecture"] = architecture
         if sequential_at_most is not None:
@@ -131,11 +137,14 @@ class BenchConfig:
             )
         return dataclasses.replace(self, **changes)
 
-    def widths(self, n: int) -> list[int]:
-        """The first hidden layer's width of each of `n` members."""
+    def widths(self, n: int) -> list[Any]:
+        """Each of `n` members' `build_mlp` spec (a first hidden width, or a full spec)."""
         if self.architecture == "same":
             return [64] * n
-        return [_MIXED_WIDTHS[i % len(_MIXED_WIDTHS)] for i in range(n)]
+        widths = [_MIXED_WIDTHS[i % len(_MIXED_WIDTHS)] for i in range(n)]
+        if self.architecture == "mixed":
+            return widths
+        return [[w, 1 + (i // 4) % 3, ("relu", "tanh")[(i // 2) % 2]] for i, w in enumerate(widths)]
 
 
 def _positive(value: int, flag: str) -> int:
@@ -181,8 +190,8 @@ def _runs(config: BenchConfig) -> list[tuple[str, int, dict[str, Any]]]:
             if method == "pool":
                 for processes in sorted({min(2, n), n}):
                     runs.append((f"pool({processes})", n, {**base, "processes": processes}))
-            elif method in ("torch-vmap", "pack-fused") and config.architecture == "mixed":
-                logger.info("bench: %s needs one architecture; left out of a mixed run", method)
+            elif method == "torch-vmap" and config.architecture != "same":
+                logger.info("bench: %s needs one architecture; left out of this run", method)
             elif method == "torch-vmap":
                 if importlib.util.find_spec("torch") is not None:
                     for threads in config.torch_threads:
@@ -309,8 +318,8 @@ def format_report(config: BenchConfig, results: list[tuple[str, int, dict[str, A
         "keras-gpushare bench: the seeds' MLP (10-w-32-1, Adam, batch 32)",
         f"machine: {_device_line()}",
         f"load average (1 min) when the runs started: {_load(results)}",
-        f"{config.samples} samples x {config.epochs} epochs per member; widths "
-        f"{'16/32/48/64' if config.architecture == 'mixed' else '64'}",
+        f"{config.samples} samples x {config.epochs} epochs per member; "
+        f"{_ARCHITECTURE_LINES[config.architecture]}",
         f"steady: median of epochs {config.warmup + 1}-{config.epochs} of a run; median "
         f"[min-max] over {config.repeats} interleaved repeat(s); threads per process: "
         f"TensorFlow {threads}, torch {torch_threads}",

@@ -31,16 +31,21 @@ def make_data(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def build_mlp(width: int, seed: int):
-    """The seeds' model with a first hidden layer of `width` units."""
+def build_mlp(spec: Any, seed: int):
+    """The seeds' model, 10-`spec`-32-1 for an int `spec`.
+
+    A `[width, depth, activation]` spec gives `depth` hidden layers (`width` units, then 32
+    each) with `activation`: the seeds' model is `[64, 2, "relu"]`.
+    """
     import keras
 
+    width, depth, activation = (spec, 2, "relu") if isinstance(spec, int) else spec
     keras.utils.set_random_seed(seed)
+    hidden = [width] + [32] * (depth - 1)
     return keras.Sequential(
         [
             keras.Input((10,)),
-            keras.layers.Dense(width, activation="relu"),
-            keras.layers.Dense(32, activation="relu"),
+            *[keras.layers.Dense(units, activation=activation) for units in hidden],
             keras.layers.Dense(1, activation="sigmoid"),
         ]
     )
@@ -179,6 +184,14 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
     members = [build_mlp(w, seed=i) for i, w in enumerate(config["widths"])]
     pack = kg.ModelPack(members, fuse=config.get("fuse", False))
     pack.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    plan = pack._fusion_report
+    groups = [
+        f"{len(group)}" + (f" ({waste:.0%} padding)" if waste else "")
+        for group, waste in zip(plan.groups, plan.waste + [0.0] * len(plan.groups))
+    ]
+    note = f"fused groups: {', '.join(groups)}" if groups else ""
+    if groups and plan.graph:
+        note += f"; {len(plan.graph)} on the graph engine"
     timer = epoch_timer()
     pack.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
     wall = time.perf_counter() - start
@@ -192,6 +205,7 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
         "epoch_s": timer.times,
         "peak_rss_mib": _peak_rss_mib(),
         "engine": pack.engine,
+        "note": note,
     }
 
 
