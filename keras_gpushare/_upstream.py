@@ -124,6 +124,54 @@ def reinitialize_variable(variable: keras.Variable, value: Any) -> None:
     variable._initialize(value)
 
 
+# ---------------------------------------------------------------- Keras: layers
+
+
+def is_keras_builtin(cls: type, within: str | None = None) -> bool:
+    """Whether a class is defined inside Keras itself (in its subpackage `within`, such as
+    "optimizers" or "backend", when given): its module starts with `keras.src.`."""
+    prefix = "keras.src." if within is None else f"keras.src.{within}."
+    return cls.__module__.startswith(prefix)
+
+
+def keras_mask(tensor: Any) -> Any:
+    """The mask Keras attached to a tensor, or None:
+    `keras.src.backend.get_keras_mask` (`_keras_mask`)."""
+    from keras.src.backend import get_keras_mask
+
+    return get_keras_mask(tensor)
+
+
+def attention_equations(rank: int, attn_axes: tuple[int, ...]) -> tuple[str, str, int]:
+    """`MultiHeadAttention`'s einsum equations for projected tensors of `rank` attending
+    over `attn_axes`: (dot-product equation, combine equation, rank of the scores):
+    `keras.src.layers.attention.multi_head_attention._build_attention_equation`."""
+    from keras.src.layers.attention.multi_head_attention import _build_attention_equation
+
+    return _build_attention_equation(rank, attn_axes=attn_axes)
+
+
+def backend_rnn(
+    step_function: Callable[..., Any], inputs: Any, initial_states: Any, **kwargs: Any
+) -> Any:
+    """Keras's backend loop behind its recurrent layers, returning (last output, outputs,
+    new states): `keras.src.backend.rnn`."""
+    from keras.src import backend
+
+    return backend.rnn(step_function, inputs, initial_states, **kwargs)
+
+
+def conv_transpose_padding_args(**kwargs: Any) -> Any:
+    """The (before, after) padding of each spatial axis that makes a dilated convolution
+    the transpose of a strided one, as Keras's JAX backend computes it:
+    `keras.src.backend.common.backend_utils.compute_conv_transpose_padding_args_for_jax`."""
+    from keras.src.backend.common.backend_utils import (
+        compute_conv_transpose_padding_args_for_jax as padding_args,
+    )
+
+    return padding_args(**kwargs)
+
+
 # ---------------------------------------------------------------- Keras: compile and losses
 
 
@@ -315,6 +363,17 @@ def _kt(module: str) -> ModuleType:
     return importlib.import_module(f"keras_tuner.src.{module}")
 
 
+def kt_trial_module() -> ModuleType:
+    """KerasTuner's trial module (`Trial`, `TrialStatus`): `keras_tuner.src.engine.trial`."""
+    return _kt("engine.trial")
+
+
+def kt_debug() -> bool:
+    """Whether KerasTuner runs in debug mode (re-raise trial errors):
+    `keras_tuner.src.config.DEBUG`."""
+    return bool(_kt("config").DEBUG)
+
+
 def kt_load_json(path: str) -> Any:
     """Reads a JSON file as KerasTuner does: `keras_tuner.src.utils.load_json`."""
     return _kt("utils").load_json(path)
@@ -341,6 +400,18 @@ def validate_trial_results(results: Any, objective: Any, where: str) -> None:
     """KerasTuner's check of what `run_trial` returned:
     `keras_tuner.src.engine.tuner_utils.validate_trial_results`."""
     _kt("engine.tuner_utils").validate_trial_results(results, objective, where)
+
+
+def metrics_dict(results: Any, objective: Any) -> dict[str, Any]:
+    """What `run_trial` returned as a dict of metric values:
+    `keras_tuner.src.engine.tuner_utils.convert_to_metrics_dict`."""
+    return _kt("engine.tuner_utils").convert_to_metrics_dict(results, objective)
+
+
+def best_step(results: Any, objective: Any) -> int:
+    """The step (epoch) of the best objective value in what `run_trial` returned:
+    `keras_tuner.src.engine.tuner_utils.get_best_step`."""
+    return _kt("engine.tuner_utils").get_best_step(results, objective)
 
 
 def release_oracle_lock(oracle: Any, thread_name: str) -> bool:
@@ -446,3 +517,9 @@ def is_chief_oracle() -> bool:
     """Whether this process is the chief of a distributed search (`KERASTUNER_TUNER_ID`):
     `keras_tuner.src.distribute.utils.is_chief_oracle`."""
     return bool(_kt("distribute.utils").is_chief_oracle())
+
+
+def has_chief_oracle() -> bool:
+    """Whether this process belongs to a distributed search (the chief's address is set):
+    `keras_tuner.src.distribute.utils.has_chief_oracle`."""
+    return bool(_kt("distribute.utils").has_chief_oracle())

@@ -248,6 +248,76 @@ def test_loss_scaling_for_distribution_round_trips():
     assert float(keras.ops.convert_to_numpy(back)) == pytest.approx(3.0)
 
 
+# ---------------------------------------------------------------- Keras: layers
+
+
+@covers("is_keras_builtin")
+def test_is_keras_builtin_tells_keras_classes_from_others():
+    assert _upstream.is_keras_builtin(keras.Model)
+    assert _upstream.is_keras_builtin(keras.optimizers.Adam, "optimizers")
+    assert not _upstream.is_keras_builtin(keras.optimizers.Adam, "backend")
+    # A backend's own optimizer class (torch's Adam, TensorFlow's base) lives in "backend".
+    assert any(
+        _upstream.is_keras_builtin(cls, "backend") for cls in type(keras.optimizers.Adam()).__mro__
+    )
+
+    class Own(keras.layers.Dense):
+        pass
+
+    assert not _upstream.is_keras_builtin(Own)
+
+
+@covers("keras_mask")
+def test_keras_mask_of_a_masked_symbolic_tensor():
+    inputs = keras.Input((4,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 3, mask_zero=True)(inputs)
+    mask = _upstream.keras_mask(embedded)
+    assert isinstance(mask, keras.KerasTensor) and tuple(mask.shape) == (None, 4)
+    assert _upstream.keras_mask(inputs) is None
+
+
+@covers("attention_equations")
+def test_attention_equations_match_multi_head_attention():
+    dot, combine, scores_rank = _upstream.attention_equations(4, attn_axes=(1,))
+    assert isinstance(dot, str) and isinstance(combine, str)
+    assert scores_rank == 4  # (batch, heads, query positions, key positions)
+    key = np.ones((2, 5, 3, 4), "float32")  # (batch, positions, heads, head size)
+    query = np.ones((2, 6, 3, 4), "float32")
+    scores = keras.ops.einsum(dot, key, query)
+    assert tuple(scores.shape) == (2, 3, 6, 5)
+    value = np.ones((2, 5, 3, 4), "float32")
+    assert tuple(keras.ops.einsum(combine, scores, value).shape) == (2, 6, 3, 4)
+
+
+@covers("backend_rnn")
+def test_backend_rnn_runs_a_step_over_time():
+    def step(x, states):
+        total = states[0] + x
+        return total, [total]
+
+    inputs = keras.ops.ones((2, 5, 3))  # (batch, time, features)
+    last, outputs, states = _upstream.backend_rnn(
+        step, inputs, [keras.ops.zeros((2, 3))], unroll=False, input_length=5
+    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(last), np.full((2, 3), 5.0))
+    assert tuple(outputs.shape) == (2, 5, 3)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(states[0]), np.full((2, 3), 5.0))
+
+
+@covers("conv_transpose_padding_args")
+def test_conv_transpose_padding_args_per_spatial_axis():
+    pads = _upstream.conv_transpose_padding_args(
+        input_shape=(None, None, None),
+        kernel_shape=(3, 4, None),
+        strides=(2,),
+        padding="same",
+        output_padding=None,
+        dilation_rate=(1,),
+    )
+    assert len(pads) == 1 and len(pads[0]) == 2
+    assert all(int(p) >= 0 for p in pads[0])
+
+
 # ---------------------------------------------------------------- Keras: optimizers
 
 
@@ -400,6 +470,28 @@ def _tiny_tuner(kt, tmp_path, **kwargs):
     )
 
 
+@covers("kt_trial_module", "kt_debug")
+def test_kt_trial_module_and_debug(kt):
+    trial_module = _upstream.kt_trial_module()
+    assert trial_module.Trial is kt.engine.trial.Trial
+    assert trial_module.TrialStatus.RUNNING == "RUNNING"
+    trial = trial_module.Trial(kt.HyperParameters(), status=trial_module.TrialStatus.IDLE)
+    assert trial.status == "IDLE"
+    assert isinstance(_upstream.kt_debug(), bool)
+
+
+@covers("metrics_dict", "best_step")
+def test_kt_trial_results_to_metrics(kt):
+    objective = kt.Objective("val_loss", "min")
+    history = keras.callbacks.History()
+    history.history = {"val_loss": [3.0, 1.0, 2.0]}
+    assert _upstream.metrics_dict({"val_loss": 1.5}, objective) == {"val_loss": 1.5}
+    assert _upstream.metrics_dict(0.5, objective) == {"val_loss": 0.5}
+    assert _upstream.metrics_dict(history, objective) == {"val_loss": 1.0}
+    assert _upstream.best_step(history, objective) == 1
+    assert _upstream.best_step({"val_loss": 1.5}, objective) == 0
+
+
 @covers("kt_load_json", "kt_save_json")
 def test_kt_json(kt, tmp_path):
     path = str(tmp_path / "x.json")
@@ -498,8 +590,10 @@ def test_kt_tuner_internals(kt, tmp_path):
     assert tuner.oracle.get_trial(trial.trial_id).metrics.exists("loss")
 
 
-@covers("kt_protos", "oracle_servicer_class", "is_chief_oracle")
+@covers("kt_protos", "oracle_servicer_class", "is_chief_oracle", "has_chief_oracle")
 def test_kt_distributed_internals(kt, monkeypatch):
+    monkeypatch.delenv("KERASTUNER_ORACLE_IP", raising=False)
+    assert _upstream.has_chief_oracle() is False
     protos = _upstream.kt_protos()
     assert hasattr(protos.get_service(), "CreateTrialResponse")
     assert hasattr(protos.get_service_grpc(), "add_OracleServicer_to_server")
@@ -509,6 +603,7 @@ def test_kt_distributed_internals(kt, monkeypatch):
     monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
     monkeypatch.setenv("KERASTUNER_ORACLE_PORT", "8000")
     assert _upstream.is_chief_oracle() is True
+    assert _upstream.has_chief_oracle() is True
     monkeypatch.setenv("KERASTUNER_TUNER_ID", "tuner0")
     assert _upstream.is_chief_oracle() is False
 

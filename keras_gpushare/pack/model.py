@@ -12,8 +12,8 @@ from typing import Any
 import keras
 import numpy as np
 from keras import ops, tree
-from keras.src.losses.loss import scale_loss_for_distribution
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack import _batch_calls, _compile_args, chief, replicas
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
@@ -739,7 +739,7 @@ class ModelPack(keras.Model):
                 )
         if training and engines:
             self._status.assign(new_status)
-        return scale_loss_for_distribution(total)
+        return _upstream.scale_loss_for_distribution(total)
 
     def _loss_scales(self) -> Any:
         """Each member's loss scale in training (fixed factor times dynamic scale), or None.

@@ -19,6 +19,8 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_gpushare import _upstream
+
 
 def replica_context() -> Any:
     """The `tf.distribute` replica context of a step under a strategy, else `None`."""
@@ -52,7 +54,7 @@ def multi_worker_logs(logs: dict) -> dict:
     vector gives the same mean, as a scalar, on every worker. Elsewhere nothing changes.
     """
     context = replica_context()
-    if context is None or not context.strategy.extended._in_multi_worker_mode():
+    if context is None or not _upstream.in_multi_worker_mode(context.strategy):
         return logs
     return {key: ops.reshape(value, (1,)) for key, value in logs.items()}
 
@@ -71,7 +73,7 @@ def run_where(
     def skip() -> None:
         return None
 
-    if tf.__internal__.distribute.strategy_supports_no_merge_call():
+    if _upstream.strategy_supports_no_merge_call():
         for condition, function, arguments in zip(conditions, functions, args):
             tf.cond(condition, lambda f=function, a=arguments: _call(f, a), skip)
         return

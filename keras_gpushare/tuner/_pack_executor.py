@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
-from keras_tuner.src.engine import trial as trial_module
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.tuner._trial_callbacks import (
     BestCheckpoint,
@@ -21,6 +21,8 @@ from keras_gpushare.tuner._trial_callbacks import (
 )
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+trial_module = _upstream.kt_trial_module()
 
 
 @dataclass
@@ -94,12 +96,14 @@ def _run_alone(tuner: Any, trial: Any, reason: str, fit_args: tuple, fit_kwargs:
 
 def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
     """Builds the trial's models (one per execution) and their callbacks, as KerasTuner."""
-    checkpoint = BestCheckpoint(tuner.oracle.objective, tuner._get_checkpoint_fname(trial.trial_id))
+    checkpoint = BestCheckpoint(
+        tuner.oracle.objective, _upstream.checkpoint_file(tuner, trial.trial_id)
+    )
     values = trial.hyperparameters.values
     last_epoch = values.get("tuner/epochs", fit_kwargs.get("epochs", 1))
     runs = []
     for execution in range(tuner.executions_per_trial):
-        callbacks = tuner._deepcopy_callbacks(list(fit_kwargs.get("callbacks") or []))
+        callbacks = _upstream.copy_callbacks(tuner, list(fit_kwargs.get("callbacks") or []))
         tuner._configure_tensorboard_dir(callbacks, trial, execution)
         model = tuner._build_trial_model(trial.hyperparameters)
         runs.append(TrialRun(tuner, trial, execution, model, callbacks, last_epoch, checkpoint))

@@ -24,13 +24,12 @@ from typing import Any
 
 import grpc
 import keras_tuner
-from keras_tuner.src import protos
-from keras_tuner.src.distribute import oracle_chief
-from keras_tuner.src.distribute import utils as dist_utils
-from keras_tuner.src.engine import trial as trial_module
+
+from keras_gpushare import _upstream
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
+trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
 
 _IDLE_WAIT_S = 1.0  # how long the chief holds a CreateTrial while the oracle is IDLE
@@ -138,14 +137,14 @@ def _check_main(main_names: list[str]) -> str | None:
 # Chief side -------------------------------------------------------------------------------
 
 
-class _ChiefServicer(oracle_chief.OracleServicer):
+class _ChiefServicer(_upstream.oracle_servicer_class()):
     """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE."""
 
     def CreateTrial(self, request: Any, context: Any) -> Any:
         trial = self.oracle.wait_for_trial(request.tuner_id, timeout=_IDLE_WAIT_S)
         if trial.status == TrialStatus.STOPPED:
             self.stop_triggered = True
-        return protos.get_service().CreateTrialResponse(trial=trial.to_proto())
+        return _upstream.kt_protos().get_service().CreateTrialResponse(trial=trial.to_proto())
 
 
 @dataclass
@@ -161,7 +160,7 @@ class _Slot:
 
 def _chief_address() -> tuple[str, str]:
     """(address to bind, address local workers dial)."""
-    if dist_utils.is_chief_oracle():
+    if _upstream.is_chief_oracle():
         ip = os.environ["KERASTUNER_ORACLE_IP"]
         port = os.environ["KERASTUNER_ORACLE_PORT"]
         dial = "127.0.0.1" if ip in ("0.0.0.0", "::", "[::]") else ip
@@ -172,7 +171,7 @@ def _chief_address() -> tuple[str, str]:
 def _start_server(oracle: Any, bind: str, threads: int) -> tuple[grpc.Server, int, Any]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
     servicer = _ChiefServicer(oracle)
-    protos.get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    _upstream.kt_protos().get_service_grpc().add_OracleServicer_to_server(servicer, server)
     try:
         port = server.add_insecure_port(bind)
     except RuntimeError as e:
@@ -296,7 +295,7 @@ def _supervise(oracle: Any, slots: list[_Slot], start: Any, spec_path: str) -> N
                 logger.info("Waiting for trials on other workers: %s", dict(oracle.ongoing_trials))
                 last_remote_log = time.monotonic()
         time.sleep(_POLL_S)
-    unfinished = list(oracle._retry_queue)
+    unfinished = list(_upstream.retry_queue(oracle))
     if any(slot.gave_up for slot in slots) and (
         unfinished or not any(s.finished and not s.gave_up for s in slots)
     ):

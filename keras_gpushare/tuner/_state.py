@@ -7,7 +7,7 @@ import os
 import tempfile
 from typing import Any
 
-from keras_tuner.src import utils as kt_utils
+from keras_gpushare import _upstream
 
 
 def _is_local(path: str) -> bool:
@@ -21,7 +21,7 @@ def write_json(path: str, obj: Any) -> str:
     """
     text = json.dumps(obj)
     if not _is_local(path):
-        return kt_utils.save_json(path, obj)
+        return _upstream.kt_save_json(path, obj)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
     try:

@@ -6,9 +6,11 @@ import os
 from typing import Any
 
 import keras
-from keras_tuner.src.engine import trial as trial_module
 
+from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
+
+trial_module = _upstream.kt_trial_module()
 
 
 def member_logs(logs: dict | None, index: int) -> dict:

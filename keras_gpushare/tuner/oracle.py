@@ -9,13 +9,13 @@ import time
 from typing import Any
 
 import keras_tuner
-from keras_tuner.src.engine import oracle as kt_oracle
-from keras_tuner.src.engine import trial as trial_module
 
+from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
+trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
 _ENDED = (TrialStatus.COMPLETED, TrialStatus.FAILED)
 
@@ -94,7 +94,7 @@ class ParallelOracle(keras_tuner.Oracle):
         # truncated file that the next run cannot reload. Route the writes through
         # write-to-temporary-and-rename.
         oracle.save = self._save_state
-        oracle._save_trial = self._save_trial_state
+        _upstream.replace_save_trial(oracle, self._save_trial_state)
 
     # Delegation --------------------------------------------------------------------------
 
@@ -123,7 +123,7 @@ class ParallelOracle(keras_tuner.Oracle):
 
     @property
     def _project_dir(self) -> str:
-        return self.oracle._project_dir
+        return _upstream.oracle_project_dir(self.oracle)
 
     def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         """Calls a method of the wrapped oracle under the lock, never leaking KerasTuner's."""
@@ -137,9 +137,7 @@ class ParallelOracle(keras_tuner.Oracle):
         # `@synchronized` leaves its lock held (and this thread's name recorded as holder)
         # when the wrapped method raises. Our lock serializes every caller, so a lock still
         # recorded for this thread after the call returned can only be a leaked one.
-        if kt_oracle.THREADS.get(self.oracle) == threading.current_thread().name:
-            kt_oracle.THREADS[self.oracle] = None
-            kt_oracle.LOCKS[self.oracle].release()
+        _upstream.release_oracle_lock(self.oracle, threading.current_thread().name)
 
     # Trials ------------------------------------------------------------------------------
 
@@ -243,7 +241,7 @@ class ParallelOracle(keras_tuner.Oracle):
                 self.end_trial(trial)
                 return trial.trial_id
             self.oracle.ongoing_trials.pop(tuner_id)
-            self.oracle._retry_queue.append(trial.trial_id)
+            _upstream.retry_queue(self.oracle).append(trial.trial_id)
             self._started.pop(trial.trial_id, None)
             self._save_state()
             logger.warning("Trial %s interrupted (%s); it will run again.", trial.trial_id, reason)
@@ -313,13 +311,13 @@ class ParallelOracle(keras_tuner.Oracle):
         self._call(self.oracle.set_state, state)
 
     def _set_project_dir(self, directory: str, project_name: str) -> None:
-        self.oracle._set_project_dir(directory, project_name)
+        _upstream.set_oracle_project_dir(self.oracle, directory, project_name)
 
     def _get_oracle_fname(self) -> str:
-        return self.oracle._get_oracle_fname()
+        return _upstream.oracle_file(self.oracle)
 
     def _get_trial_dir(self, trial_id: str) -> str:
-        return self.oracle._get_trial_dir(trial_id)
+        return _upstream.trial_dir(self.oracle, trial_id)
 
     # State -------------------------------------------------------------------------------
 
@@ -331,10 +329,10 @@ class ParallelOracle(keras_tuner.Oracle):
     def _save_state(self) -> None:
         state = self.oracle.get_state()
         state["kg_restarts"] = dict(self._restart_counts())
-        _state.write_json(self.oracle._get_oracle_fname(), state)
+        _state.write_json(_upstream.oracle_file(self.oracle), state)
 
     def _save_trial_state(self, trial: trial_module.Trial) -> None:
-        path = os.path.join(self.oracle._get_trial_dir(trial.trial_id), "trial.json")
+        path = os.path.join(_upstream.trial_dir(self.oracle, trial.trial_id), "trial.json")
         _state.write_json(path, trial.get_state())
 
     def reload(self) -> None:
@@ -346,7 +344,7 @@ class ParallelOracle(keras_tuner.Oracle):
         """
         with self._lock:
             self._call(self.oracle.reload)
-            state = kt_oracle.utils.load_json(self.oracle._get_oracle_fname())
+            state = _upstream.kt_load_json(_upstream.oracle_file(self.oracle))
             self.oracle._kg_restarts = dict(state.get("kg_restarts", {}))
             self._repair()
             self._save_state()
@@ -355,7 +353,7 @@ class ParallelOracle(keras_tuner.Oracle):
         oracle = self.oracle
         trials = oracle.trials
         queue: list[str] = []
-        for trial_id in oracle._retry_queue:
+        for trial_id in _upstream.retry_queue(oracle):
             if trials[trial_id].status not in _ENDED and trial_id not in queue:
                 queue.append(trial_id)
         for trial_id in sorted(trials):
@@ -363,13 +361,14 @@ class ParallelOracle(keras_tuner.Oracle):
             if trial.status in _ENDED:
                 if trial_id not in oracle.end_order:
                     oracle.end_order.append(trial_id)
-                    oracle._run_times[trial_id] = max(oracle._run_times[trial_id], 1)
+                    run_times = _upstream.run_times(oracle)
+                    run_times[trial_id] = max(run_times[trial_id], 1)
                 continue
             if trial.status in (TrialStatus.RUNNING, TrialStatus.IDLE) and trial_id not in queue:
                 queue.append(trial_id)
             if trial_id not in oracle.start_order:
                 oracle.start_order.append(trial_id)
-        repaired = [t for t in queue if t not in oracle._retry_queue]
+        repaired = [t for t in queue if t not in _upstream.retry_queue(oracle)]
         if repaired:
             logger.info("Resuming: trials %s were interrupted and will run again.", repaired)
-        oracle._retry_queue = queue
+        _upstream.set_retry_queue(oracle, queue)

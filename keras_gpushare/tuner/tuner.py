@@ -12,18 +12,14 @@ from typing import Any
 import keras
 import keras_tuner
 from keras_tuner import errors
-from keras_tuner.src import config as kt_config
-from keras_tuner.src import utils as kt_utils
-from keras_tuner.src.distribute import utils as dist_utils
-from keras_tuner.src.engine import trial as trial_module
-from keras_tuner.src.engine import tuner_utils
-from keras_tuner.src.engine.tuner import maybe_compute_model_size
 
+from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
 from keras_gpushare.tuner.oracle import ParallelOracle
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
+trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
 _EXECUTORS = ("pack", "processes")
 # Arguments of KerasTuner's built-in tuners (RandomSearch, ...) that configure the oracle.
@@ -221,16 +217,16 @@ class ParallelTuner(keras_tuner.Tuner):
             # reached the script's own search: everything it needs is defined by now.
             raise SystemExit(STOP_IMPORT_CODE)
         if "verbose" in fit_kwargs and (
-            not dist_utils.has_chief_oracle() or dist_utils.is_chief_oracle()
+            not _upstream.has_chief_oracle() or _upstream.is_chief_oracle()
         ):
             self.oracle.verbose = fit_kwargs["verbose"]
-        if self._is_worker():
+        if _upstream.is_worker(self):
             self._search_as_worker(fit_args, fit_kwargs)
             return
         # Write the project state before any trial exists, so that a run killed from
         # here on is always resumed (KerasTuner reloads only when the tuner file exists).
         self.save()
-        if self.executor == "processes" or dist_utils.is_chief_oracle():
+        if self.executor == "processes" or _upstream.is_chief_oracle():
             from keras_gpushare.tuner import _process_executor
 
             _process_executor.run_chief(self, fit_args, fit_kwargs)
@@ -298,7 +294,7 @@ class ParallelTuner(keras_tuner.Tuner):
                 time.sleep(_REMOTE_IDLE_WAIT_S)
                 continue
             self.on_trial_begin(trial)
-            self._try_run_and_update_trial(trial, *fit_args, **fit_kwargs)
+            _upstream.run_and_update_trial(self, trial, *fit_args, **fit_kwargs)
             self.on_trial_end(trial)
 
     def _search_rounds(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
@@ -361,17 +357,17 @@ class ParallelTuner(keras_tuner.Tuner):
             if outcome.error is not None:
                 raise outcome.error
             results = outcome.results
-            tuner_utils.validate_trial_results(results, self.oracle.objective, "Tuner.run_trial()")
+            _upstream.validate_trial_results(results, self.oracle.objective, "Tuner.run_trial()")
             self.oracle.update_trial(
                 trial.trial_id,
-                tuner_utils.convert_to_metrics_dict(results, self.oracle.objective),
-                step=tuner_utils.get_best_step(results, self.oracle.objective),
+                _upstream.metrics_dict(results, self.oracle.objective),
+                step=_upstream.best_step(results, self.oracle.objective),
             )
             trial.status = TrialStatus.COMPLETED
         except Exception as e:
             if isinstance(e, errors.FatalError):
                 raise
-            if kt_config.DEBUG:
+            if _upstream.kt_debug():
                 traceback.print_exc()
             failed = isinstance(e, errors.FailedTrialError)
             trial.status = TrialStatus.FAILED if failed else TrialStatus.INVALID
@@ -388,7 +384,7 @@ class ParallelTuner(keras_tuner.Tuner):
                 "Expected the model-building function, or HyperModel.build() to return a "
                 f"valid Keras Model instance. Received: {model} of type {type(model)}."
             )
-        size = maybe_compute_model_size(model)
+        size = _upstream.model_size(model)
         if self.max_model_size and size > self.max_model_size:
             raise errors.FailedTrialError(f"Oversized model: {size} parameters. Skip model.")
         return model
@@ -399,8 +395,10 @@ class ParallelTuner(keras_tuner.Tuner):
         parent = hp.values.get("tuner/trial_id")
         if parent is not None:
             if not model.built:
-                model.build_from_config(kt_utils.load_json(self._get_build_config_fname(parent)))
-            model.load_weights(self._get_checkpoint_fname(parent))
+                model.build_from_config(
+                    _upstream.kt_load_json(_upstream.build_config_file(self, parent))
+                )
+            model.load_weights(_upstream.checkpoint_file(self, parent))
         return model
 
     def run_trial(self, trial: trial_module.Trial, *fit_args: Any, **fit_kwargs: Any) -> Any:
@@ -419,15 +417,15 @@ class ParallelTuner(keras_tuner.Tuner):
         return super().run_trial(trial, *fit_args, **fit_kwargs)
 
     def _save_build_config(self, trial_id: str, model: keras.Model) -> None:
-        _state.write_json(self._get_build_config_fname(trial_id), model.get_build_config())
+        _state.write_json(_upstream.build_config_file(self, trial_id), model.get_build_config())
 
     # State -------------------------------------------------------------------------------
 
     def save(self) -> None:
         """Saves the oracle's and this tuner's state files atomically."""
-        if not self._is_worker():
+        if not _upstream.is_worker(self):
             self.oracle.save()
-        _state.write_json(self._get_tuner_fname(), self.get_state())
+        _state.write_json(_upstream.tuner_file(self), self.get_state())
 
 
 def _overrides(cls: type, name: str) -> type | None:

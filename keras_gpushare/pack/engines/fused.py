@@ -17,9 +17,8 @@ from typing import Any
 import keras
 import numpy as np
 from keras import ops, tree
-from keras.src.losses.loss import unscale_loss_for_distribution
-from keras.src.losses.losses import LossFunctionWrapper
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import replicas
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, MemberFigures
@@ -89,7 +88,7 @@ def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dic
         return None
     loss = keras.losses.get(compile_args[0]["loss"])
     if not isinstance(loss, keras.losses.Loss):
-        loss = LossFunctionWrapper(loss)
+        loss = _upstream.loss_function_wrapper()(loss)
     if getattr(loss, "reduction", None) != "sum_over_batch_size":
         return None
     return loss
@@ -151,19 +150,19 @@ class FusedEngine(Engine):
     def metrics(self) -> list:
         result = [self.loss_state, *self.metric_states.values()]
         for member in self.members:
-            if member._compile_metrics is not None:
-                result.append(member._compile_metrics)
-            if member._compile_loss is not None:
-                result.extend(member._compile_loss.metrics)
+            compiled_metrics = _upstream.compile_metrics(member)
+            if compiled_metrics is not None:
+                result.append(compiled_metrics)
+            compiled_loss = _upstream.compile_loss(member)
+            if compiled_loss is not None:
+                result.extend(compiled_loss.metrics)
         return result
 
     def configure(self, compile_args: Sequence[dict]) -> None:
         self._one_loss = _one_loss_for_all(self.members, compile_args)
 
     def supports_jit(self) -> bool:
-        from keras.src.trainers.trainer import model_supports_jit
-
-        return model_supports_jit(self.fused)
+        return _upstream.model_supports_jit(self.fused)
 
     # Forward ---------------------------------------------------------------------------
 
@@ -210,8 +209,8 @@ class FusedEngine(Engine):
         y_pred = self.member_outputs(y_pred)
         losses = []
         for j, (member, (yj, swj)) in enumerate(zip(self.members, self._targets(y, sample_weight))):
-            value = member._compile_loss(yj, y_pred[j], swj)
-            losses.append(ops.cast(unscale_loss_for_distribution(value), "float32"))
+            value = _upstream.compile_loss(member)(yj, y_pred[j], swj)
+            losses.append(ops.cast(_upstream.unscale_loss_for_distribution(value), "float32"))
         return ops.stack(losses)
 
     def _penalties(self) -> Any:
@@ -287,15 +286,17 @@ class FusedEngine(Engine):
         targets = self._targets(y, sample_weight)
         member_preds = self.member_outputs(y_pred)
         for member, (yj, _), pred in zip(self.members, targets, member_preds):
-            if member._compile_metrics is not None and not member._compile_metrics.built:
-                member._compile_metrics.build(yj, pred)
+            compiled = _upstream.compile_metrics(member)
+            if compiled is not None and not compiled.built:
+                compiled.build(yj, pred)
         columns = self._shared_metric_columns(y)
         if columns is not None:
             self._update_shared_metrics(columns, y, y_pred)
             return
         for member, (yj, swj), pred in zip(self.members, targets, member_preds):
-            if member._compile_metrics is not None:
-                member._compile_metrics.update_state(yj, pred, swj)
+            compiled = _upstream.compile_metrics(member)
+            if compiled is not None:
+                compiled.update_state(yj, pred, swj)
 
     def _shared_metric_columns(self, y: Any) -> list | None:
         """Per metric, the members' metric objects, when they can be computed stacked."""
@@ -303,11 +304,11 @@ class FusedEngine(Engine):
             return None
         if any(data_lib.output_count(m) != 1 for m in self.members):
             return None
-        compiled = [m._compile_metrics for m in self.members]
+        compiled = [_upstream.compile_metrics(m) for m in self.members]
         if any(c is None for c in compiled):
             return None if any(c is not None for c in compiled) else []
         per_member = [list(c.metrics) for c in compiled]
-        if any(any(w is not None for w in c._flat_weighted_metrics) for c in compiled) or any(
+        if any(any(w is not None for w in _upstream.weighted_metrics(c)) for c in compiled) or any(
             len(m) != len(per_member[0]) for m in per_member
         ):
             return None
@@ -327,7 +328,8 @@ class FusedEngine(Engine):
         y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
         for column in columns:
             first = column[0]
-            values = ops.cast(first._fn(y, stacked, **first._fn_kwargs), "float32")
+            fn, fn_kwargs = _upstream.wrapped_metric_function(first)
+            values = ops.cast(fn(y, stacked, **fn_kwargs), "float32")
             axes = tuple(range(1, len(values.shape)))
             count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
             state = self._metric_state(first.name)
@@ -358,12 +360,13 @@ class FusedEngine(Engine):
         for j, member in enumerate(self.members):
             if shared:
                 items = {name: value[j] for name, value in shared.items()}
-            elif member._compile_metrics is not None:
-                items = dict(member._compile_metrics.result())
+            elif _upstream.compile_metrics(member) is not None:
+                items = dict(_upstream.compile_metrics(member).result())
             else:
                 items = {}
-            if member._compile_loss is not None:
-                for tracker in member._compile_loss.metrics:
+            compiled_loss = _upstream.compile_loss(member)
+            if compiled_loss is not None:
+                for tracker in compiled_loss.metrics:
                     items[tracker.name] = tracker.result()
             result.append(MemberFigures(losses[j], ran[j], items))
         return result

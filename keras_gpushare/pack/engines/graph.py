@@ -14,8 +14,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 from keras import tree
-from keras.src.losses.loss import unscale_loss_for_distribution
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import replicas
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, MemberFigures
@@ -60,8 +60,8 @@ def _finite(member: keras.Model, loss: tf.Tensor, grads: list) -> tf.Tensor:
 
 def _update_metrics(member: keras.Model, batch: tuple, y_pred: Any, loss: tf.Tensor) -> None:
     x, y, sample_weight = batch
-    member._loss_tracker.update_state(
-        unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
+    _upstream.loss_tracker(member).update_state(
+        _upstream.unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
     )
     member.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -197,8 +197,8 @@ class GraphEngine(Engine):
     def figures(self) -> list[MemberFigures]:
         result = []
         for member in self.members:
-            ran = tf.greater(member._loss_tracker.count, 0)
+            ran = tf.greater(_upstream.loss_tracker(member).count, 0)
             items = dict(member.get_metrics_result())
-            loss = items.pop("loss", member._loss_tracker.result())
+            loss = items.pop("loss", _upstream.loss_tracker(member).result())
             result.append(MemberFigures(loss, ran, items))
         return result

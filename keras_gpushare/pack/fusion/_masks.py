@@ -11,13 +11,14 @@ converter drops these arguments and skips these nodes.
 import inspect
 
 import keras
-from keras.src import backend
-from keras.src.backend import KerasTensor
+from keras import KerasTensor
+
+from keras_gpushare import _upstream
 
 
 def keras_mask(x):
     """The Keras mask attached to `x`, or `None`."""
-    return backend.get_keras_mask(x) if isinstance(x, KerasTensor) else None
+    return _upstream.keras_mask(x) if isinstance(x, KerasTensor) else None
 
 
 def _bound_arguments(node):

@@ -10,6 +10,8 @@ to the value its own optimizer would compute.
 import keras
 from keras import ops
 
+from keras_gpushare import _upstream
+
 
 class _Rule:
     """One optimizer family: its hyperparameters, slots and update."""
@@ -356,9 +358,9 @@ def keras_class(optimizer):
     may change the update, so it has none.
     """
     for cls in type(optimizer).__mro__:
-        if cls in _BY_CLASS or cls.__module__.startswith("keras.src.optimizers."):
+        if cls in _BY_CLASS or _upstream.is_keras_builtin(cls, "optimizers"):
             return cls
-        if not cls.__module__.startswith("keras.src.backend."):
+        if not _upstream.is_keras_builtin(cls, "backend"):
             return None
     return None
 

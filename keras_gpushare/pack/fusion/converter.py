@@ -4,8 +4,9 @@ import dataclasses
 import inspect
 
 import keras
-from keras.src.backend import KerasTensor
+from keras import KerasTensor
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _masks, registry
 from keras_gpushare.pack.fusion.layers_core import FusedBroadcast, FusedSkip
 
@@ -50,7 +51,7 @@ def _functional_call(model):
     """Whether `model`'s `call` is Keras's Functional one (a plain Functional model)."""
     for cls in type(model).__mro__:
         if "call" in vars(cls):
-            return cls.__module__.startswith("keras.src.")
+            return _upstream.is_keras_builtin(cls)
     return True
 
 

@@ -4,9 +4,8 @@ import math
 
 import keras
 from keras import ops
-from keras.src.backend.config import is_flash_attention_enabled
-from keras.src.layers.attention.multi_head_attention import _build_attention_equation
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion._checks import unsupported_options
 from keras_gpushare.pack.fusion.base import FusedLayer, fold, unfold
@@ -68,7 +67,7 @@ class FusedMultiHeadAttention(FusedLayer):
         self.attention_axes = (axes,) if isinstance(axes, int) else axes
         self.sliding_window = config.get("sliding_window")
         self.inverse_sqrt_key_dim = 1.0 / math.sqrt(float(self.key_dim))
-        self.flash_attention = is_flash_attention_enabled()
+        self.flash_attention = keras.config.is_flash_attention_enabled()
         self.seed_generator = keras.random.SeedGenerator(config.get("seed"))
         self.supports_masking = True
 
@@ -128,8 +127,8 @@ class FusedMultiHeadAttention(FusedLayer):
         else:
             axes = tuple(a if a >= 0 else (rank - 1) + a for a in self.attention_axes)
         self.member_attention_axes = axes
-        self.dot_product_equation, self.combine_equation, scores_rank = _build_attention_equation(
-            rank, attn_axes=axes
+        self.dot_product_equation, self.combine_equation, scores_rank = (
+            _upstream.attention_equations(rank, attn_axes=axes)
         )
         norm_axes = tuple(range(scores_rank - len(axes), scores_rank))
         self.softmax = keras.layers.Softmax(axis=norm_axes, dtype=self.dtype_policy)

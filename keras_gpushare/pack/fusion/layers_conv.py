@@ -5,8 +5,8 @@ import logging
 import keras
 import numpy as np
 from keras import ops
-from keras.src.backend.common.backend_utils import compute_conv_transpose_padding_args_for_jax
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _padding
 from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion._checks import (
@@ -283,7 +283,7 @@ class FusedConvTranspose(FusedConv):
         stacked = self.input_is_stacked()
         first = 2 if stacked else 1
         x = inputs
-        pads = compute_conv_transpose_padding_args_for_jax(
+        pads = _upstream.conv_transpose_padding_args(
             input_shape=(None, *([None] * self.rank), None),
             kernel_shape=(*self.kernel_size, self.filters, None),
             strides=self.strides,

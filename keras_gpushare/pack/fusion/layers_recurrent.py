@@ -2,8 +2,8 @@
 
 import keras
 from keras import ops
-from keras.src import backend
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion._checks import unsupported_options
 from keras_gpushare.pack.fusion.base import FusedLayer
@@ -119,7 +119,7 @@ class _FusedRNN(FusedLayer):
             mask = ops.expand_dims(ops.transpose(ops.cast(mask, "bool"), (0, 2, 1)), -1)
         # Keras's loop takes (batch, time, ...): the member axis stands in for the batch,
         # the real batch rides along as a feature axis.
-        last, outputs, new_states = backend.rnn(
+        last, outputs, new_states = _upstream.backend_rnn(
             step,
             ops.transpose(projected, (0, 2, 1, 3)),
             states,

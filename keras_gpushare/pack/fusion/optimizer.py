@@ -7,6 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _optimizer_state
 from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
@@ -356,7 +357,6 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             for variable, value in updates:
                 variable.assign(value)
             return
-        import tensorflow as tf
 
         def assign_all(strategy, values):
             for (variable, _), value in zip(updates, values):
@@ -364,9 +364,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     variable.value, lambda v, x: v.assign(x), args=(value,), group=False
                 )
 
-        tf.__internal__.distribute.interim.maybe_merge_call(
-            assign_all, context.strategy, [value for _, value in updates]
-        )
+        _upstream.maybe_merge_call(assign_all, context.strategy, [value for _, value in updates])
 
     def _per_member(self, values, rank, dtype):
         values = np.asarray(values, dtype="float64").astype(keras.backend.standardize_dtype(dtype))

@@ -4,7 +4,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import keras
-from keras.src.backend import KerasTensor
+from keras import KerasTensor
 
 from keras_gpushare.pack.fusion import converter
 from keras_gpushare.pack.fusion import layout as layout_lib

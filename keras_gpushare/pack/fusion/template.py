@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from keras.src.backend import KerasTensor
+from keras import KerasTensor
 
 from keras_gpushare.pack.fusion import registry
 from keras_gpushare.pack.fusion.converter import call_arguments, comparable_config, keeps_shape
