@@ -12,7 +12,7 @@ OLDEST_PINS := tensorflow==2.16.1 keras==3.15.1 keras-tuner==1.4.7 "jax[cpu]==0.
 # Keras programs on one core. `make test PYTEST_JOBS=` runs them in one process.
 PYTEST_JOBS ?= -n 2 --dist loadfile
 
-.PHONY: demo test test-oldest bench docs lint format clean
+.PHONY: demo test test-all test-oldest bench docs lint format clean
 
 $(VENV)/.base: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,12 +35,20 @@ $(VENV)/.bench: $(VENV)/.base
 demo: $(VENV)/.base
 	$(VENV)/bin/keras-gpushare bench --quick --suggest
 
+# The tests `make test` leaves out (`-m "not slow"`): see the marker in pyproject.toml.
+TEST_SELECTION ?= -m "not slow"
+JAX_TESTS := tests/pack/fusion tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/conformance
+
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q $(PYTEST_JOBS)
-	KERAS_BACKEND=jax $(PY) -m pytest -q $(PYTEST_JOBS) tests/pack/fusion tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/conformance
-	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) tests/conformance
+	$(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION)
+	KERAS_BACKEND=jax $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) $(JAX_TESTS)
+	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) tests/conformance
+
+# Everything, the slow tests too (KerasTuner differential tests at parallel_trials=1).
+test-all:
+	$(MAKE) test TEST_SELECTION=
 
 $(VENV_OLDEST)/.test: pyproject.toml Makefile
 	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)

@@ -12,15 +12,31 @@ import contextlib
 import io
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import keras_tuner
 import numpy as np
+import pytest
 
 import keras_gpushare as kg
 
-KINDS = ["kt", 1, 4]
-PARALLEL = [1, 4]
+# parallel_trials=1 runs only with the slow tests (`make test-all`): K=4 is what packs do,
+# K=1 the degenerate round of one trial.
+PARALLEL = [pytest.param(1, marks=pytest.mark.slow), 4]
+
+
+class ByKind(dict):
+    """`{kind: run(kind)}`, each kind's search run when a test first asks for it."""
+
+    def __init__(self, run: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._run = run
+
+    def __missing__(self, kind: Any) -> Any:
+        self[kind] = value = self._run(kind)
+        return value
 
 
 def data(n: int = 64, seed: int = 0) -> tuple:

@@ -13,7 +13,7 @@ import keras_tuner
 import numpy as np
 import pytest
 from keras_tuner import errors
-from kt_twins import KINDS, PARALLEL, CountingBuild, assert_same_trials, build, data, make, search
+from kt_twins import PARALLEL, ByKind, CountingBuild, assert_same_trials, build, data, make, search
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -73,8 +73,8 @@ class BlackBox:
 def overrides(tmp_path_factory):
     root = tmp_path_factory.mktemp("overrides")
     x, y = data()
-    runs = {}
-    for kind in KINDS:
+
+    def run(kind):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             common = dict(objective="val_loss", max_trials=2, seed=2, directory=str(root))
@@ -88,8 +88,9 @@ def overrides(tmp_path_factory):
             )  # fmt: skip
             search(black_box)
         messages = [str(w.message) for w in caught]
-        runs[kind] = (with_run_trial, with_fit, black_box, messages)
-    return runs
+        return with_run_trial, with_fit, black_box, messages
+
+    return ByKind(run)
 
 
 @pytest.mark.parametrize("k", PARALLEL)
@@ -149,8 +150,8 @@ def hooks_and_executions(tmp_path_factory):
     """Tuner hooks and search callbacks, with two executions per trial."""
     root = tmp_path_factory.mktemp("hooks")
     x, y = data()
-    runs = {}
-    for kind in KINDS:
+
+    def run(kind):
         EpochCounter.ends = []
         tuner = make(
             kind,
@@ -164,8 +165,9 @@ def hooks_and_executions(tmp_path_factory):
             project_name=str(kind),
         )
         search(tuner, x, y, batch_size=16, callbacks=[EpochCounter()], **FIT)
-        runs[kind] = (tuner, sorted(EpochCounter.ends))
-    return runs
+        return tuner, sorted(EpochCounter.ends)
+
+    return ByKind(run)
 
 
 @pytest.mark.parametrize("k", PARALLEL)
@@ -243,14 +245,15 @@ class FailingBuild2(FailingBuild):
 @pytest.fixture(scope="module")
 def retried(tmp_path_factory):
     root = tmp_path_factory.mktemp("retries")
-    runs = {}
-    for kind in KINDS:
+
+    def run(kind):
         build_fn = FailingBuild2(bad=[2])
-        runs[kind] = (
+        return (
             _failing_search(kind, root, "retry", build_fn, max_retries_per_trial=2),
             build_fn.calls,
         )
-    return runs
+
+    return ByKind(run)
 
 
 @pytest.mark.parametrize("k", PARALLEL)
@@ -287,8 +290,8 @@ def test_consecutive_failures_abort_like_keras_tuner(tmp_path, k):
 def fatal(tmp_path_factory):
     root = tmp_path_factory.mktemp("fatal")
     x, y = data()
-    runs = {}
-    for kind in KINDS:
+
+    def run(kind):
         tuner = make(
             kind,
             oracle=keras_tuner.oracles.GridSearchOracle,
@@ -300,8 +303,9 @@ def fatal(tmp_path_factory):
         )
         with pytest.raises(errors.FatalError) as info:
             search(tuner, x, y, **dict(FIT, epochs=1))
-        runs[kind] = (tuner, str(info.value))
-    return runs
+        return tuner, str(info.value)
+
+    return ByKind(run)
 
 
 @pytest.mark.parametrize("k", PARALLEL)

@@ -12,8 +12,8 @@ import keras_tuner
 import numpy as np
 import pytest
 from kt_twins import (
-    KINDS,
     PARALLEL,
+    ByKind,
     assert_same_trials,
     data,
     make,
@@ -31,11 +31,12 @@ DISPLAY = re.compile(r"^(Search: Running Trial|Trial \d+ Complete|Best .* So Far
 
 def _run_all(root, name, fit=FIT, **make_kwargs):
     x, y = data()
-    runs = {}
-    for kind in KINDS:
+
+    def run(kind):
         tuner = make(kind, directory=str(root), project_name=f"{name}-{kind}", **make_kwargs)
-        runs[kind] = (tuner, search(tuner, x, y, **fit))
-    return runs
+        return tuner, search(tuner, x, y, **fit)
+
+    return ByKind(run)
 
 
 @pytest.fixture(scope="module")
@@ -107,17 +108,18 @@ def reloaded(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("reload"))
     x, y = data()
     fit = dict(FIT, epochs=1, verbose=0)
-    runs = {}
-    for kind in KINDS:
+
+    def run(kind):
         common = dict(objective="val_loss", seed=5, directory=root, project_name=str(kind))
         search(make(kind, max_trials=2, **common), x, y, **fit)
         made = []
-        text = printed(lambda: made.append(make(kind, max_trials=2, **common)))  # noqa: B023
+        text = printed(lambda: made.append(make(kind, max_trials=2, **common)))
         text += search(made[0], x, y, **fit)
         more = make(kind, max_trials=3, **common)
         search(more, x, y, **fit)
-        runs[kind] = (more, text)
-    return runs
+        return more, text
+
+    return ByKind(run)
 
 
 @pytest.mark.parametrize("k", PARALLEL)
