@@ -627,8 +627,31 @@ class ModelPack(keras.Model):
         self.built = True
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
+    def _check_inputs(self, x: Any) -> None:
+        """Raises when a fused group's members would read different keys of a dict input.
+
+        A fused group computes its members from one set of inputs, those of its first
+        member; plain Keras gives each model the keys its own inputs are named after.
+        """
+        if hasattr(x, "element_spec"):
+            spec = x.element_spec
+            x = spec[0] if isinstance(spec, tuple) else spec
+        if not isinstance(x, dict):
+            return
+        for engine in self._gradient_engines:
+            names = [data_lib.input_names(member) for member in engine.members]
+            for member_id, own in zip(engine.member_ids[1:], names[1:]):
+                if own != names[0]:
+                    raise ValueError(
+                        f"Invalid inputs: members {engine.member_ids[0]} and {member_id} are "
+                        f"fused together but read different keys of the input dict ({names[0]} "
+                        f"and {own}). Name the members' `keras.Input`s alike, or pass "
+                        "`fuse=False` to ModelPack to train them on the graph engine."
+                    )
+
     def _check_labels(self, x: Any, y: Any) -> None:
         """Raises, naming the member, when the labels cannot match the members' outputs."""
+        self._check_inputs(x)
         self._options.output_counts = tuple(data_lib.output_count(m) for m in self._members)
         if y is None and hasattr(x, "element_spec"):
             spec = x.element_spec
@@ -843,6 +866,7 @@ class ModelPack(keras.Model):
         Returns:
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
+        self._check_inputs(x)
         with self._steps_for(kwargs.get("callbacks")):
             outputs = super().predict(x, *args, **kwargs)
         if not stack:

@@ -110,3 +110,22 @@ def test_from_builder_with_and_without_index():
     assert len(kg.ModelPack.from_builder(lambda: mlp(4), n=2).members) == 2
     with pytest.raises(ValueError, match="argument `n`"):
         kg.ModelPack.from_builder(lambda: mlp(4), n=0)
+
+
+def test_fused_members_reading_different_dict_keys_are_refused():
+    def member(seed, name):
+        keras.utils.set_random_seed(seed)
+        inputs = keras.Input((3,), name=name)
+        return keras.Model(inputs, keras.layers.Dense(1)(inputs))
+
+    x = {"a": np.ones((8, 3), "float32"), "b": np.full((8, 3), 2.0, "float32")}
+    pack = kg.ModelPack([member(0, "a"), member(1, "b")], fuse="auto")
+    pack.compile(optimizer="sgd", loss="mse")
+    assert pack.engine == "fused"
+    for call in (
+        lambda: pack.predict(x, verbose=0),
+        lambda: pack.fit(x, np.zeros((8, 1)), verbose=0),
+        lambda: pack.evaluate(x, np.zeros((8, 1)), verbose=0),
+    ):
+        with pytest.raises(ValueError, match=r"read different keys of the input dict.*fuse=False"):
+            call()
