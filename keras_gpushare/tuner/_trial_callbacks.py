@@ -8,21 +8,10 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack.member_callbacks import member_logs
 from keras_gpushare.tuner import _state
 
 trial_module = _upstream.kt_trial_module()
-
-
-def member_logs(logs: dict | None, index: int) -> dict:
-    """Member `index`'s figures under single-model names: `val_m2_loss` -> `val_loss`."""
-    prefix, val_prefix = f"m{index}_", f"val_m{index}_"
-    result = {}
-    for key, value in (logs or {}).items():
-        if key.startswith(prefix):
-            result[key[len(prefix) :]] = value
-        elif key.startswith(val_prefix):
-            result["val_" + key[len(val_prefix) :]] = value
-    return result
 
 
 def implements_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
