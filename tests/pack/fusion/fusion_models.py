@@ -74,3 +74,23 @@ def branches(seed):
     c = layers.Concatenate()([m, layers.Flatten()(layers.Reshape((2, 2))(other))])
     out = layers.Dense(3)(layers.Activation("gelu")(c))
     return keras.Model({"a": inputs, "b": other}, {"out": out, "skip": s})
+
+
+def twins_of(members):
+    """Clones of `members` with the same weights, to train alone beside the pack."""
+    twins = [keras.models.clone_model(m) for m in members]
+    for member, twin in zip(members, twins):
+        twin.set_weights(member.get_weights())
+    return twins
+
+
+def assert_members_match_twins(pack, twins, x, path, saved):
+    """Each member equals its twin (weights, predictions); member `saved` reloads from `path`."""
+    predictions = pack.predict(x, verbose=0)
+    for i, (member, twin) in enumerate(zip(pack.members, twins)):
+        for a, b in zip(member.get_weights(), twin.get_weights()):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(predictions[i], twin.predict(x, verbose=0), atol=1e-5)
+    pack.member(saved).save(path)
+    reloaded = keras.models.load_model(path)
+    np.testing.assert_allclose(reloaded.predict(x, verbose=0), predictions[saved], atol=1e-5)

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from fusion_models import assert_members_match_twins, twins_of
 from keras import layers
 
 import keras_gpushare as kg
@@ -118,9 +119,7 @@ def test_pack_trains_like_members_alone(tmp_path):
     x = [np.concatenate([TOKENS] * 4), np.concatenate([PAIRS] * 4)]
     y = np.random.default_rng(1).integers(0, 2, size=(len(x[0]),))
     members = [block(seed, causal=True) for seed in range(2)]
-    twins = [keras.models.clone_model(m) for m in members]
-    for member, twin in zip(members, twins):
-        twin.set_weights(member.get_weights())
+    twins = twins_of(members)
     pack = kg.ModelPack(members)
     assert pack.engine == "fused", pack.fusion_report
 
@@ -137,16 +136,7 @@ def test_pack_trains_like_members_alone(tmp_path):
         twin.compile(optimizer=sgd(rate), loss=loss, metrics=["accuracy"])
         alone = twin.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
         np.testing.assert_allclose(history.history[f"m{i}_loss"], alone.history["loss"], 1e-5)
-    predictions = pack.predict(x, verbose=0)
-    for i, (member, twin) in enumerate(zip(pack.members, twins)):
-        for a, b in zip(member.get_weights(), twin.get_weights()):
-            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-        np.testing.assert_allclose(predictions[i], twin.predict(x, verbose=0), atol=1e-5)
-    path = str(tmp_path / "member.keras")
-    pack.member(1).save(path)
-    np.testing.assert_allclose(
-        keras.models.load_model(path).predict(x, verbose=0), predictions[1], atol=1e-5
-    )
+    assert_members_match_twins(pack, twins, x, str(tmp_path / "member.keras"), saved=1)
 
 
 def test_gated_attention_is_refused():

@@ -7,6 +7,7 @@ the member model itself: its outputs, and its weights after plain `fit` on the s
 import keras
 import numpy as np
 import pytest
+from fusion_models import assert_members_match_twins, twins_of
 from keras import layers
 
 import keras_gpushare as kg
@@ -119,9 +120,7 @@ def test_pack_trains_like_members_alone(tmp_path):
     x = np.concatenate([TOKENS] * 4)
     y = np.random.default_rng(1).normal(size=(len(x), 1)).astype("float32")
     members = [stacked_kinds(seed) for seed in range(2)]
-    twins = [keras.models.clone_model(m) for m in members]
-    for member, twin in zip(members, twins):
-        twin.set_weights(member.get_weights())
+    twins = twins_of(members)
     pack = kg.ModelPack(members)
     assert pack.engine == "fused", pack.fusion_report
 
@@ -139,15 +138,7 @@ def test_pack_trains_like_members_alone(tmp_path):
     for twin, rate in zip(twins, rates):
         twin.compile(optimizer=sgd(rate), loss="mse")
         twin.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    predictions = pack.predict(x, verbose=0)
-    for i, (member, twin) in enumerate(zip(pack.members, twins)):
-        for a, b in zip(member.get_weights(), twin.get_weights()):
-            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-        np.testing.assert_allclose(predictions[i], twin.predict(x, verbose=0), atol=1e-5)
-    path = str(tmp_path / "member.keras")
-    pack.member(1).save(path)
-    reloaded = keras.models.load_model(path)
-    np.testing.assert_allclose(reloaded.predict(x, verbose=0), predictions[1], atol=1e-5)
+    assert_members_match_twins(pack, twins, x, str(tmp_path / "member.keras"), saved=1)
 
 
 def _identity_rnn(dropout=0.0, recurrent_dropout=0.0, units=64):

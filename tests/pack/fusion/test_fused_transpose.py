@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from fusion_models import twins_of
 from keras import layers
 
 import keras_gpushare as kg
@@ -64,9 +65,7 @@ def autoencoder(seed):
 def test_pack_trains_like_members_alone():
     x = RNG.normal(size=(24, 8, 8, 1)).astype("float32")
     members = [autoencoder(seed) for seed in range(N)]
-    twins = [keras.models.clone_model(m) for m in members]
-    for member, twin in zip(members, twins):
-        twin.set_weights(member.get_weights())
+    twins = twins_of(members)
     pack = kg.ModelPack(members)
     assert pack.engine == "fused", pack.fusion_report
     rates = (0.01, 0.003)

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from fusion_models import assert_members_match_twins, twins_of
 from keras import layers
 
 import keras_gpushare as kg
@@ -90,9 +91,7 @@ def test_pack_trains_like_members_alone(tmp_path):
     x = np.concatenate([SERIES] * 4)
     y = np.random.default_rng(1).normal(size=(len(x), 1)).astype("float32")
     members = [encoder(s) for s in range(2)]
-    twins = [keras.models.clone_model(m) for m in members]
-    for member, twin in zip(members, twins):
-        twin.set_weights(member.get_weights())
+    twins = twins_of(members)
     pack = kg.ModelPack(members)
     assert pack.engine == "fused", pack.fusion_report
     rates = (0.02, 0.005)
@@ -103,16 +102,7 @@ def test_pack_trains_like_members_alone(tmp_path):
     for twin, rate in zip(twins, rates):
         twin.compile(optimizer=keras.optimizers.Adam(rate), loss="mse")
         twin.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    predictions = pack.predict(x, verbose=0)
-    for i, (member, twin) in enumerate(zip(pack.members, twins)):
-        for a, b in zip(member.get_weights(), twin.get_weights()):
-            np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
-        np.testing.assert_allclose(predictions[i], twin.predict(x, verbose=0), atol=1e-5)
-    path = str(tmp_path / "member.keras")
-    pack.member(0).save(path)
-    np.testing.assert_allclose(
-        keras.models.load_model(path).predict(x, verbose=0), predictions[0], atol=1e-5
-    )
+    assert_members_match_twins(pack, twins, x, str(tmp_path / "member.keras"), saved=0)
 
 
 def test_masked_outputs_are_refused():
