@@ -596,6 +596,16 @@ class ModelPack(keras.Model):
             for _, _, batches in iterator:
                 data_batch = tree.map_structure(self._first_replica_value, next(batches))
                 break
+        elif keras.backend.backend() == "tensorflow" and not self._distributed():
+            # Keras leaves building to the first trace of the step, and TensorFlow traces a
+            # function that makes variables twice; a pack's step is large, so the fused
+            # groups' state is made here, before the first trace. The graph engine's
+            # members build in the trace, as their own `fit` builds them (an optimizer's
+            # `build` may assign, which TensorFlow keeps only when it runs eagerly).
+            graph = {i for engine in self._stepping_engines for i in engine.member_ids}
+            fused = [i for i in range(len(self._members)) if i not in graph]
+            self._symbolic_build(iterator=iterator, data_batch=data_batch, members=fused)
+            return
         super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
 
     def _first_replica_value(self, value: Any) -> Any:
@@ -605,7 +615,11 @@ class ModelPack(keras.Model):
             return self.distribute_strategy.experimental_local_results(value)[0]
         return value
 
-    def _symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+    def _symbolic_build(
+        self, iterator: Any = None, data_batch: Any = None, members: Any = None
+    ) -> None:
+        """Builds the pack, and the state of `members` (positions; default all) and of
+        the fused groups, from one batch of data."""
         if data_batch is None and iterator is not None:
             for _, _, data_or_iterator in iterator:
                 if isinstance(data_or_iterator, (list, tuple)):
@@ -618,13 +632,17 @@ class ModelPack(keras.Model):
             batches = data_lib.member_batches(
                 data_batch, self._members, range(n), self._options.output_counts, shard=False
             )
-            for member, batch in zip(self._members, batches):
-                member._symbolic_build(data_batch=batch)
+            for i, (member, batch) in enumerate(zip(self._members, batches)):
+                if members is None or i in members:
+                    member._symbolic_build(data_batch=batch)
             if self.compiled:
                 y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
                 for engine in self._gradient_engines:
                     engine.build_metric_states(y)
         self.built = True
+        if self.optimizer is not None and not self.optimizer.built:
+            # The variables the step hands the optimizer: not the graph engine's members'.
+            self.optimizer.build(self._gradient_variables())
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
     def _check_inputs(self, x: Any) -> None:

@@ -41,6 +41,14 @@ class _Rule:
         """The per-member state for this step (called once a step, before the updates)."""
         return state
 
+    def step_terms(self, h, lr, step):
+        """Terms of this step shared by every variable, `{name: tensor}`, passed in `h`.
+
+        Computed once per step and variable shape, with the operations Keras computes
+        per variable, so the values are the same.
+        """
+        return {}
+
     def update(self, gradient, variable, slots, h, lr, step, state):
         """Return `(new_variable, {slot name: new value})`."""
         raise NotImplementedError
@@ -97,10 +105,13 @@ class _Adam(_Rule):
             slots["velocity_hat"] = optimizer._velocity_hats
         return slots
 
-    def update(self, gradient, variable, slots, h, lr, step, state):
+    def step_terms(self, h, lr, step):
         beta_1_power = ops.power(h["beta_1"], step)
         beta_2_power = ops.power(h["beta_2"], step)
-        alpha = lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        return {"alpha": lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)}
+
+    def update(self, gradient, variable, slots, h, lr, step, state):
+        alpha = h["alpha"]
         m = slots["momentum"] + (gradient - slots["momentum"]) * h["one_minus_beta_1"]
         v = slots["velocity"] + (ops.square(gradient) - slots["velocity"]) * h["one_minus_beta_2"]
         new = {"momentum": m, "velocity": v}

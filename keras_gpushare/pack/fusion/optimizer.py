@@ -32,6 +32,18 @@ def _runs(rules):
     return runs
 
 
+class _StepContext:
+    """What every group's update reads: per-member tensors of shape (N,), read once a step."""
+
+    def __init__(self, mask, iterations, steps, rates, divisor, states):
+        self.mask = mask
+        self.iterations = iterations
+        self.steps = steps
+        self.rates = rates
+        self.divisor = divisor
+        self.states = states
+
+
 class _Reference:
     """Holds an object out of Keras's attribute tracking."""
 
@@ -425,45 +437,69 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         return grads
 
     def _new_values(self, grads, variables, scale_grad):
-        """Every variable's new value after this step: `[(variable, value)]`."""
+        """Every variable's new value after this step: `[(variable, value)]`.
+
+        Each group is updated as one block; the members' flags and per-member state are put
+        back in member order with one gather each. Tracing cost grows with the operations
+        made here, so per-member constants and reshapes are made once per group and rank.
+        """
         n = self.n_members
         mask = ops.convert_to_tensor(self.member_mask) > 0.5
         iterations = ops.convert_to_tensor(self.member_iterations)
         # With gradient accumulation Keras counts an optimizer step per `k` applications.
         periods = np.asarray([s.accumulation or 1 for s in self._settings], "int32")
-        steps = ops.cast(ops.floor_divide(iterations, periods) + 1, "float32")
+        if np.all(periods == 1):
+            steps = ops.cast(iterations + 1, "float32")
+        else:
+            steps = ops.cast(ops.floor_divide(iterations, periods) + 1, "float32")
         rates = self._learning_rates()
         dynamic = self._loss_scale is not None and self.uses_dynamic_loss_scale
-        divisor = ops.convert_to_tensor(self.loss_scale_factors())
-        if dynamic:
-            divisor = divisor * ops.convert_to_tensor(self._loss_scale)
+        divisor = None
+        if dynamic or np.any(self.loss_scale_factors() != 1.0):
+            divisor = ops.convert_to_tensor(self.loss_scale_factors())
+            if dynamic:
+                divisor = divisor * ops.convert_to_tensor(self._loss_scale)
         index = {id(v): k for k, v in enumerate(self._trainable_variables)}
-        finite_all = [True] * n
-        active_all = [False] * n
-        updated_all = [False] * n
-        updates = []
         states = {name: ops.convert_to_tensor(s) for name, s in self._states.items()}
-        new_states = dict(states)
+        context = _StepContext(mask, iterations, steps, rates, divisor, states)
+        updates = []
+        order = []
+        flags = ([], [], [])
+        group_states = []
         for group, ids in enumerate(self._groups):
             members = [(self._variable_index(v, index), g, v) for g, v in zip(grads, variables)]
             members = [(k, g, v) for k, g, v in members if self._group_of[k] == group]
             if not members:
                 continue
-            group_updates, finite, active, updated, group_states = self._group_step(
-                group, ids, members, mask, iterations, steps, rates, divisor, states
+            group_updates, finite, active, updated, advanced = self._group_step(
+                group, ids, members, context
             )
             updates.extend(group_updates)
-            for j, i in enumerate(ids):
-                finite_all[i], active_all[i], updated_all[i] = finite[j], active[j], updated[j]
-            for name, value in group_states.items():
-                new_states[name] = ops.scatter_update(new_states[name], [[i] for i in ids], value)
-        finite_all = ops.stack([ops.convert_to_tensor(f) for f in finite_all])
-        active_all = ops.stack([ops.convert_to_tensor(a) for a in active_all])
-        updated_all = ops.stack([ops.convert_to_tensor(u) for u in updated_all])
+            order.extend(ids)
+            for flag, value in zip(flags, (finite, active, updated)):
+                flag.append(value)
+            group_states.append((ids, advanced))
+        rest = [i for i in range(n) if i not in set(order)]
+        # Members outside the groups, or without gradients: finite, not trained.
+        for flag, value in zip(flags, (True, False, False)):
+            flag.append(ops.convert_to_tensor(np.full((len(rest),), value)))
+        positions = np.argsort(np.asarray(order + rest, "int64")).astype("int32")
+
+        def in_member_order(pieces):
+            return ops.take(ops.concatenate(pieces, axis=0), positions, axis=0)
+
+        finite_all, active_all, updated_all = (in_member_order(f) for f in flags)
         updates.append((self.nonfinite, ops.cast(ops.logical_not(finite_all), "float32")))
         updates.append((self.member_iterations, iterations + ops.cast(active_all, "int32")))
         for name, state in self._states.items():
-            updates.append((state, ops.where(updated_all, new_states[name], states[name])))
+            if not any(name in advanced for _, advanced in group_states):
+                continue
+            pieces = [
+                advanced.get(name, ops.take(states[name], np.asarray(ids, "int32"), axis=0))
+                for ids, advanced in group_states
+            ]
+            pieces.append(ops.take(states[name], np.asarray(rest, "int32"), axis=0))
+            updates.append((state, ops.where(updated_all, in_member_order(pieces), states[name])))
         if dynamic:
             updates.extend(self._scale_updates(finite_all, scale_grad))
         return updates
@@ -476,33 +512,55 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             )
         return k
 
-    def _group_step(self, group, ids, members, mask, iterations, steps, rates, divisor, states):
-        """One group's update; returns its updates and per-member flags (k,) and state."""
+    def _group_step(self, group, ids, members, context):
+        """One group's update; returns its updates, its flags (k,) and its advanced state."""
         k = len(ids)
-        take = [int(i) for i in ids]
-        grads = []
-        for _, g, v in members:
-            g = ops.cast(g, v.dtype)
-            grads.append(g / ops.reshape(ops.take(divisor, take), (k,) + (1,) * (len(g.shape) - 1)))
-        finite = ops.ones((k,), dtype="bool")
+        take = np.asarray(ids, "int32")
+        whole = list(ids) == list(range(self.n_members))
+
+        def pick(vector):
+            return vector if whole else ops.take(vector, take, axis=0)
+
+        cache = {}
+
+        def once(make, *args):
+            """`make(*args)`, made once per group."""
+            key = (make, *args)
+            if key not in cache:
+                cache[key] = make(*args)
+            return cache[key]
+
+        def member_axis(vector, rank, dtype=None):
+            """A (m,) tensor shaped (m, 1, ...) to broadcast against rank-`rank` slices."""
+            value = ops.reshape(vector, (vector.shape[0],) + (1,) * (rank - 1))
+            return value if dtype is None else ops.cast(value, dtype)
+
+        grads = [ops.cast(g, v.dtype) for _, g, v in members]
+        if context.divisor is not None:
+            divisor = pick(context.divisor)
+            grads = [g / member_axis(divisor, len(g.shape), g.dtype) for g in grads]
+        finite = None
         for g in grads:
-            finite = ops.logical_and(
-                finite, ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
-            )
+            ok = ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
+            finite = ok if finite is None else ops.logical_and(finite, ok)
         applies = finite
         if not self.skip_nonfinite:
             # As plain Keras: a non-finite step is applied, unless the member's own
             # LossScaleOptimizer would skip it.
             scaled = np.asarray([self._settings[i].dynamic_scale is not None for i in ids])
-            applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
-        active = ops.logical_and(ops.take(mask, take), applies)
+            if scaled.any():
+                applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
+            else:
+                applies = ops.ones((k,), dtype="bool")
+        active = ops.logical_and(pick(context.mask), applies)
         accumulation = [self._settings[i].accumulation or 1 for i in ids]
-        is_update = ops.ones((k,), dtype="bool")
+        updated = active
         used = grads
         accumulators = None
         if any(a > 1 for a in accumulation):
             period = ops.convert_to_tensor(np.asarray(accumulation, "int32"))
-            is_update = ops.equal((ops.take(iterations, take) + 1) % period, 0)
+            is_update = ops.equal((pick(context.iterations) + 1) % period, 0)
+            updated = ops.logical_and(active, is_update)
             accumulators = [ops.convert_to_tensor(self._accumulators[kk]) for kk, _, _ in members]
             divide = np.asarray(accumulation, "float32")
             used = [
@@ -514,83 +572,98 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 for g, acc in zip(grads, accumulators)
             ]
         used = self._clip(used, ids)
-        updated = ops.logical_and(active, is_update)
-        group_rates = ops.take(rates, take)
-        group_steps = ops.take(steps, take)
+        group_rates = pick(context.rates)
+        group_steps = pick(context.steps)
         runs = self._group_runs[group]
+
+        def part(tensor, a, b):
+            return tensor if (a, b) == (0, k) else tensor[a:b]
+
         run_states = []
         group_states = {}
         for rule, a, b in runs:
             h = [self._settings[i].hyper for i in ids[a:b]]
-            step_r = group_steps[a:b]
+            names = list(rule.initial_state(h))
+            if not names:
+                run_states.append({})
+                continue
             hyper_1d = {
                 name: ops.convert_to_tensor(np.asarray([x[name] for x in h], "float32"))
                 for name in h[0]
             }
-            current = {name: ops.take(states[name], take[a:b]) for name in rule.initial_state(h)}
-            advanced = rule.advance(current, hyper_1d, step_r) if current else {}
+            current = {name: ops.take(context.states[name], take[a:b], axis=0) for name in names}
+            advanced = rule.advance(current, hyper_1d, part(group_steps, a, b))
             run_states.append(advanced)
             for name, value in advanced.items():
-                previous = group_states.get(name, ops.take(states[name], take))
+                previous = group_states.get(name, pick(context.states[name]))
                 group_states[name] = ops.concatenate([previous[:a], value, previous[b:]], axis=0)
+
+        def run_context(r, rank, dtype):
+            rule, a, b = runs[r]
+            h = [self._settings[i].hyper for i in ids[a:b]]
+            hyper = {name: self._per_member([x[name] for x in h], rank, dtype) for name in h[0]}
+            lr = part(once(lr_of, rank, dtype), a, b)
+            step = member_axis(part(group_steps, a, b), rank, dtype)
+            return {
+                "hyper": {**hyper, **rule.step_terms(hyper, lr, step)},
+                "state": {name: member_axis(s, rank, dtype) for name, s in run_states[r].items()},
+                "step": step,
+                "lr": lr,
+                "keep": member_axis(part(updated, a, b), rank),
+            }
+
+        def lr_of(rank, dtype):
+            return member_axis(group_rates, rank, dtype)
+
+        decays = [self._settings[i].weight_decay for i in ids]
+
+        def decay_of(rank, dtype):
+            return self._per_member([w or 0.0 for w in decays], rank, dtype)
+
+        def keep_of(rank):
+            return member_axis(updated, rank)
+
         updates = []
         for (kk, _, variable), g, raw in zip(members, used, grads):
-            rank = len(variable.shape)
-            shape = (k,) + (1,) * (rank - 1)
+            rank, dtype = len(variable.shape), variable.dtype
             old = ops.convert_to_tensor(variable)
-            lr = ops.cast(ops.reshape(group_rates, shape), variable.dtype)
             value = old
-            decays = [self._settings[i].weight_decay for i in ids]
             if any(w is not None for w in decays):
-                wd = self._per_member([w or 0.0 for w in decays], rank, variable.dtype)
-                value = value - value * wd * lr
+                wd = once(decay_of, rank, dtype)
+                value = value - value * wd * once(lr_of, rank, dtype)
             pieces = []
             for r, (rule, a, b) in enumerate(runs):
-                h = [self._settings[i].hyper for i in ids[a:b]]
-                hyper = {
-                    name: self._per_member([x[name] for x in h], rank, variable.dtype)
-                    for name in h[0]
-                }
-                slot_names = list(rule.slots(h))
+                run = once(run_context, r, rank, dtype)
+                slot_names = list(rule.slots([self._settings[i].hyper for i in ids[a:b]]))
                 old_slots = {
                     name: ops.convert_to_tensor(self._slots[(kk, r, name)]) for name in slot_names
                 }
-                state = {
-                    name: ops.cast(ops.reshape(s, (b - a,) + (1,) * (rank - 1)), variable.dtype)
-                    for name, s in run_states[r].items()
-                }
-                step = ops.cast(
-                    ops.reshape(group_steps[a:b], (b - a,) + (1,) * (rank - 1)), variable.dtype
-                )
                 new_value, new_slots = rule.update(
-                    g[a:b], value[a:b], old_slots, hyper, lr[a:b], step, state
+                    part(g, a, b),
+                    part(value, a, b),
+                    old_slots,
+                    run["hyper"],
+                    run["lr"],
+                    run["step"],
+                    run["state"],
                 )
                 pieces.append(new_value)
-                keep = ops.reshape(updated[a:b], (b - a,) + (1,) * (rank - 1))
                 for name in slot_names:
-                    updates.append(
-                        (
-                            self._slots[(kk, r, name)],
-                            ops.where(keep, new_slots[name], old_slots[name]),
-                        )
-                    )
+                    new_slot = ops.where(run["keep"], new_slots[name], old_slots[name])
+                    updates.append((self._slots[(kk, r, name)], new_slot))
             new_value = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)
-            keep = ops.reshape(updated, shape)
+            keep = once(keep_of, rank)
             updates.append((variable, ops.where(keep, new_value, old)))
             if accumulators is not None:
                 acc = accumulators[[m[0] for m in members].index(kk)]
+                shape = (k,) + (1,) * (rank - 1)
                 accumulate = ops.reshape(ops.logical_and(active, ops.logical_not(is_update)), shape)
                 reset = ops.reshape(updated, shape)
                 new_acc = ops.where(
                     accumulate, acc + raw, ops.where(reset, ops.zeros_like(acc), acc)
                 )
                 updates.append((self._accumulators[kk], new_acc))
-        flags = (
-            [finite[j] for j in range(k)],
-            [active[j] for j in range(k)],
-            [updated[j] for j in range(k)],
-        )
-        return updates, *flags, group_states
+        return updates, finite, active, updated, group_states
 
     def _scale_updates(self, finite, scale_grad):
         """The dynamic loss scales' update, as Keras's `LossScaleOptimizer` makes it."""
