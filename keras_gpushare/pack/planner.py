@@ -155,6 +155,9 @@ def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: boo
         else:
             parts = _exact_classes(members, ids)
         for part in parts:
+            # Members of one optimizer family side by side: the vectorized optimizer updates
+            # each stretch of a family as one block.
+            part = sorted(part, key=lambda i: _optimizer_family(members[i]))
             part_report = report if part == list(ids) else fusion_report([members[i] for i in part])
             if not part_report.fusable:
                 reason = _first_reason(part_report, part)
@@ -177,6 +180,14 @@ def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: boo
                 positions = [ids.index(i) for i in part]
                 plan.waste.append(0.0 if costs is None else costs.waste(positions))
     plan.graph = tuple(sorted(graph_members))
+
+
+def _optimizer_family(member: keras.Model) -> str:
+    """The class of the optimizer `member` was compiled with ("" when none)."""
+    optimizer = getattr(member, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return "" if optimizer is None else type(optimizer).__name__
 
 
 def _exact_classes(members: Sequence[keras.Model], ids: Sequence[int]) -> list[list[int]]:

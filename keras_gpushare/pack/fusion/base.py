@@ -69,6 +69,8 @@ class FusedLayer(keras.layers.Layer):
     - `skippable` (class attribute): a member may leave the layer out (a shallower member
       of a depth search) when it keeps its input's shape; the converter then passes that
       member's input through unchanged.
+    - `computes_present_only` (class attribute): when members leave the layer out, it
+      computes only the members that have it (the cost model counts only theirs).
 
     Args:
         n_members: Number of members N fused in this layer.
@@ -102,6 +104,7 @@ class FusedLayer(keras.layers.Layer):
     size_keys = ()
     passes_layout = False
     skippable = False
+    computes_present_only = False
     handles_masks = False
     member_state = ()
 

@@ -6,7 +6,8 @@ an optimizer update) per group instead. The model counts both in floating-point 
 (FLOPs) per step:
 
 - a layer with weights costs `2 * batch * positions * kernel * width_in * width_out` FLOPs
-  per member, at the group's padded widths (`positions`: output positions per sample, such
+  per member (per member that has it, for layers that compute only those, such as
+  Dense), at the group's padded widths (`positions`: output positions per sample, such
   as a sequence's steps; `kernel`: a convolution's window);
 - every layer call of a group costs a fixed `overhead` as well, in FLOPs the device could
   have done meanwhile: `OVERHEAD_FLOPS` (2 MFLOP on a CPU, 200 MFLOP on a GPU, where
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_gpushare.pack.fusion import registry
 from keras_gpushare.pack.fusion._checks import has_accelerator
 
 OVERHEAD_FLOPS = {"cpu": 2e6, "gpu": 2e8}
@@ -45,6 +47,7 @@ class _Call:
     positions: int
     kernel: int
     weighted: bool
+    present_only: bool
 
 
 class GroupCosts:
@@ -75,8 +78,17 @@ class GroupCosts:
             for weight in layer.weights[:1]:
                 kernel = int(np.prod(weight.shape[:-2], dtype=int)) if len(weight.shape) > 2 else 1
             positions = int(np.prod([d or 1 for d in out_shape[1:-1]], dtype=int))
+            fused_class = registry.fused_form(type(layer))
             self.calls.append(
-                _Call(ins, outs, present, positions, kernel, bool(layer.trainable_weights))
+                _Call(
+                    ins,
+                    outs,
+                    present,
+                    positions,
+                    kernel,
+                    bool(layer.trainable_weights),
+                    bool(fused_class and fused_class.computes_present_only),
+                )
             )
 
     def flops(self, members: Sequence[int]) -> tuple[float, float]:
@@ -87,7 +99,8 @@ class GroupCosts:
             ins, outs = call.ins[members], call.outs[members]
             scale = 2.0 * self.batch * call.positions * call.kernel
             if call.weighted:
-                padded += scale * len(members) * ins.max() * outs.max()
+                computed = call.present[members].sum() if call.present_only else len(members)
+                padded += scale * computed * ins.max() * outs.max()
                 real += scale * float(np.sum(ins * outs * call.present[members]))
             else:
                 padded += self.batch * call.positions * len(members) * outs.max()

@@ -44,10 +44,13 @@ class FusedDense(FusedLayer):
     size_keys = ("units",)
     per_member_keys = ("activation", "use_bias")
     skippable = True
+    computes_present_only = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
         self.member_units = [int(u or 0) for u in self.per_member("units")]
+        # Members that leave the layer out (a depth search's shallower ones) have no units.
+        self.present = [i for i, u in enumerate(self.member_units) if u]
         self.units = max(self.member_units)
         self.member_bias = [bool(b) for b in self.per_member("use_bias")]
         self.use_bias = any(self.member_bias)
@@ -104,7 +107,10 @@ class FusedDense(FusedLayer):
         if self.input_is_stacked():
             lead = ops.shape(inputs)[1:-1]
             x = ops.reshape(inputs, (n, -1, in_dim))
-            y = ops.matmul(x, kernel)
+            if len(self.present) < n:
+                y = self._present_only_matmul(x, kernel)
+            else:
+                y = ops.matmul(x, kernel)
             y = ops.reshape(y, (n, *lead, units))
         else:
             lead = ops.shape(inputs)[:-1]
@@ -116,6 +122,19 @@ class FusedDense(FusedLayer):
             bias = _padding.masked(self.bias, self.bias_mask)
             y = y + self.member_broadcast(bias, len(y.shape))
         return self.activate(y)
+
+    def _present_only_matmul(self, x, kernel):
+        """`x @ kernel` for the members that have this layer, zeros for the others.
+
+        The members that leave it out take their input past it (`FusedSkip`), so their
+        product would be discarded: gathering the others first saves its FLOPs.
+        """
+        present = np.asarray(self.present, "int32")
+        y = ops.matmul(ops.take(x, present, axis=0), ops.take(kernel, present, axis=0))
+        positions = np.full((self.n_members,), len(self.present), "int32")
+        positions[present] = np.arange(len(self.present), dtype="int32")
+        y = ops.concatenate([y, ops.zeros_like(y[:1])], axis=0)
+        return ops.take(y, positions, axis=0)
 
     def compute_mask(self, inputs, mask=None):
         return self.stacked_mask(mask)

@@ -180,11 +180,24 @@ def test_report_shows_padding_and_left_out_layers():
     assert "padding" in text and "left out by members 0" in text
 
 
+def test_a_dense_layer_a_member_leaves_out_is_not_computed_for_it():
+    # Members of equal widths that differ only in depth: the shallower member passes its
+    # tensor around the extra Dense layer, which multiplies only the deeper member's
+    # input, so the group computes nothing it throws away.
+    members = [mlp(0, (8,)), mlp(1, (8, 8))]
+    pack = kg.ModelPack(members, fuse=True)
+    assert "padding" not in str(pack.fusion_report).splitlines()[1], pack.fusion_report
+    fused = build_fused_model(members)
+    outputs = keras.ops.convert_to_numpy(fused(X))
+    for i, member in enumerate(members):
+        np.testing.assert_allclose(outputs[i], member(X), rtol=1e-5, atol=1e-6)
+
+
 def test_the_planner_keeps_very_different_members_apart():
     # A tiny member and a huge one: padding the tiny one to the huge one's widths costs
     # more than running two programs.
-    tiny, huge = mlp(0, (2,)), mlp(1, (512, 512))
-    pack = kg.ModelPack([tiny, mlp(2, (3,)), huge], fuse=True)
+    tiny, huge = mlp(0, (2, 2)), mlp(1, (512, 512))
+    pack = kg.ModelPack([tiny, mlp(2, (3, 3)), huge], fuse=True)
     assert [sorted(e.member_ids) for e in pack._gradient_engines] == [[0, 1], [2]]
     assert "padding" in pack.fusion_report
 
