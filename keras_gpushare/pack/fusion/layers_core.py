@@ -11,6 +11,9 @@ from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion.base import FusedLayer, fold, unfold
 from keras_gpushare.pack.fusion.registry import register_fused_layer
 
+# Rows of a batch assumed when choosing how to mask padding while the batch size is unknown.
+ASSUMED_ROWS = 64
+
 
 @register_fused_layer(keras.layers.Dense)
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -102,26 +105,59 @@ class FusedDense(FusedLayer):
 
     def call(self, inputs, training=None):
         n, units = self.n_members, self.units
-        kernel = _padding.masked(self.kernel, self.kernel_mask)
-        in_dim = kernel.shape[1]
-        if self.input_is_stacked():
-            lead = ops.shape(inputs)[1:-1]
+        in_dim = self.kernel.shape[1]
+        stacked = self.input_is_stacked()
+        lead = ops.shape(inputs)[1:-1] if stacked else ops.shape(inputs)[:-1]
+        masks_activations = self.kernel_mask is not None and self._masks_activations(inputs)
+        kernel = self.kernel
+        if self.kernel_mask is not None and not masks_activations:
+            kernel = _padding.masked(kernel, self.kernel_mask)
+        if stacked:
             x = ops.reshape(inputs, (n, -1, in_dim))
+            if masks_activations and not layout_lib.is_full(self._in_layout):
+                x = x * self._activation_mask(self._in_layout, x.dtype)
             if len(self.present) < n:
                 y = self._present_only_matmul(x, kernel)
             else:
                 y = ops.matmul(x, kernel)
-            y = ops.reshape(y, (n, *lead, units))
         else:
-            lead = ops.shape(inputs)[:-1]
             x = ops.reshape(inputs, (-1, in_dim))
-            side_by_side = ops.reshape(ops.transpose(kernel, (1, 0, 2)), (in_dim, n * units))
-            y = ops.reshape(ops.matmul(x, side_by_side), (-1, n, units))
-            y = ops.reshape(ops.transpose(y, (1, 0, 2)), (n, *lead, units))
+            if keras.backend.backend() == "tensorflow":
+                # A broadcast batched matmul reads the stacked kernel as it lies; the
+                # side-by-side form below would copy (transpose) the kernel every step.
+                y = ops.matmul(ops.expand_dims(x, 0), kernel)
+            else:
+                side_by_side = ops.reshape(ops.transpose(kernel, (1, 0, 2)), (in_dim, n * units))
+                y = ops.transpose(
+                    ops.reshape(ops.matmul(x, side_by_side), (-1, n, units)), (1, 0, 2)
+                )
+        if masks_activations:
+            y = y * self._activation_mask(self.out_layout, y.dtype)
+        y = ops.reshape(y, (n, *lead, units))
         if self.bias is not None:
             bias = _padding.masked(self.bias, self.bias_mask)
             y = y + self.member_broadcast(bias, len(y.shape))
         return self.activate(y)
+
+    def _masks_activations(self, inputs):
+        """Whether padding is kept at zero by masking activations rather than the kernel.
+
+        Either keeps every padded weight's gradient exactly zero: masking the kernel
+        zeroes its padded entries in the product; masking the input's padded features and
+        the output's padded columns gives those entries a zero input and a zero output
+        gradient. The cheaper one is taken, by the elements each multiplies (rows of the
+        batch assumed `ASSUMED_ROWS` when the batch size is not known while tracing).
+        """
+        shape = inputs.shape[1:-1] if self.input_is_stacked() else inputs.shape[:-1]
+        known = all(isinstance(d, (int, np.integer)) for d in shape)
+        rows = int(np.prod(shape, dtype=int)) if known else ASSUMED_ROWS
+        in_dim = self.kernel.shape[1]
+        padded_in = 0 if layout_lib.is_full(self._in_layout) else in_dim
+        return rows * (padded_in + self.units) < in_dim * self.units
+
+    def _activation_mask(self, layout, dtype):
+        """`(N, 1, width)`: ones where a member owns the feature, zeros in its padding."""
+        return ops.convert_to_tensor(layout[:, None, :].astype("float32"), dtype=dtype)
 
     def _present_only_matmul(self, x, kernel):
         """`x @ kernel` for the members that have this layer, zeros for the others.
@@ -130,7 +166,7 @@ class FusedDense(FusedLayer):
         product would be discarded: gathering the others first saves its FLOPs.
         """
         present = np.asarray(self.present, "int32")
-        y = ops.matmul(ops.take(x, present, axis=0), ops.take(kernel, present, axis=0))
+        y = ops.matmul(_members(x, present), _members(kernel, present))
         positions = np.full((self.n_members,), len(self.present), "int32")
         positions[present] = np.arange(len(self.present), dtype="int32")
         y = ops.concatenate([y, ops.zeros_like(y[:1])], axis=0)
@@ -138,6 +174,18 @@ class FusedDense(FusedLayer):
 
     def compute_mask(self, inputs, mask=None):
         return self.stacked_mask(mask)
+
+
+def _members(tensor, ids):
+    """Slices `ids` (increasing) of `tensor`'s member axis, joined.
+
+    Static slices rather than a gather: a gather's gradient is sparse (`IndexedSlices` on
+    TensorFlow), which the vectorized optimizer's per-member arithmetic cannot slice.
+    """
+    starts = [0, *np.flatnonzero(np.diff(ids) != 1) + 1]
+    ends = [*starts[1:], len(ids)]
+    pieces = [tensor[int(ids[a]) : int(ids[b - 1]) + 1] for a, b in zip(starts, ends)]
+    return pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)
 
 
 @register_fused_layer(keras.layers.Embedding)

@@ -126,14 +126,28 @@ def _skippable(node: Any) -> bool:
     return keeps_shape(node, registry.fused_form(type(node.operation)))
 
 
-def _similarity(a: Any, b: Any) -> int:
-    """How many of the values that may differ between members two calls share."""
+def _similarity(a: Any, b: Any, config_a: dict, config_b: dict) -> int:
+    """How alike two calls that may be one template call are (higher: more alike).
+
+    Calls that read inputs of the same width come first: a shallower member's first
+    hidden layer then lines up with the deeper members' first one (both read the model's
+    input) rather than with a later layer of its own width, which would pad that later
+    layer to the input's width. Then equal output widths, then the values that may differ
+    between members (activation, `use_bias`).
+    """
     fused_class = registry.fused_form(type(a.operation))
     if fused_class is None:
         return 0
-    config_a, config_b = a.operation.get_config(), b.operation.get_config()
-    keys = (*fused_class.per_member_keys, *fused_class.size_keys)
-    return sum(config_a.get(k) == config_b.get(k) for k in keys)
+    score = sum(config_a.get(k) == config_b.get(k) for k in fused_class.per_member_keys)
+    if _width(a.input_tensors) == _width(b.input_tensors):
+        score += 4
+    if _width(a.outputs) == _width(b.outputs):
+        score += 1
+    return score
+
+
+def _width(tensors: Sequence[Any]) -> Any:
+    return tensors[0].shape[-1] if tensors else None
 
 
 def _merge(template: list[TemplateNode], chain: list, member: int) -> list[TemplateNode] | None:
@@ -141,12 +155,15 @@ def _merge(template: list[TemplateNode], chain: list, member: int) -> list[Templ
 
     Dynamic programming over suffixes: `best[a][b]` scores the best alignment of
     `template[a:]` with `chain[b:]` (matched calls first, then how alike the matched calls
-    are: same activation, same width), `-1` where none exists. The alignment is read from
-    the start, matching as early as possible among the best, so a shallower member's hidden
-    layers line up with the deeper members' first ones and output layers with outputs.
+    are, `_similarity`, with the chains' last calls, the outputs, lined up before that),
+    `-1` where none exists. The alignment is read from the start, matching as early as
+    possible among the best, so a shallower member's hidden layers line up with the deeper
+    members' first ones and output layers with outputs.
     """
     t_tokens = [_token(node.first) for node in template]
     c_tokens = [_token(node) for node in chain]
+    t_configs = [node.first.operation.get_config() for node in template]
+    c_configs = [node.operation.get_config() for node in chain]
     t_skip = [_skippable(node.first) for node in template]
     c_skip = [_skippable(node) for node in chain]
     n, m = len(template), len(chain)
@@ -154,7 +171,9 @@ def _merge(template: list[TemplateNode], chain: list, member: int) -> list[Templ
     def match(a: int, b: int) -> int:
         if t_tokens[a] != c_tokens[b]:
             return -1
-        return 1000 + _similarity(template[a].first, chain[b])
+        # The chains' last calls (the models' outputs) line up before anything else does.
+        last = 8 if (a, b) == (n - 1, m - 1) else 0
+        return 1000 + last + _similarity(template[a].first, chain[b], t_configs[a], c_configs[b])
 
     best = [[-1] * (m + 1) for _ in range(n + 1)]
     best[n][m] = 0

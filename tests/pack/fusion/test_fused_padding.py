@@ -20,6 +20,7 @@ X = RNG.normal(size=(64, 10)).astype("float32")
 Y = (X[:, :3].sum(axis=1, keepdims=True) > 0).astype("float32")
 IMAGES = RNG.normal(size=(64, 8, 8, 2)).astype("float32")
 TOKENS = RNG.integers(1, 30, size=(64, 12)).astype("int32")
+WIDE = RNG.normal(size=(64, 120)).astype("float32")
 
 
 def mlp(seed, widths, activation="relu", use_bias=True, dropout=None, norm=None, penalty=None):
@@ -43,6 +44,15 @@ def mlp(seed, widths, activation="relu", use_bias=True, dropout=None, norm=None,
             stack.append(layers.Dropout(dropout))
     stack.append(layers.Dense(1, activation="sigmoid"))
     return keras.Sequential(stack)
+
+
+def wide_mlp(seed, widths, activation):
+    """An MLP on 120 features whose wide layers keep padding at zero by masking activations
+    (cheaper than masking their kernels at this batch size): sigmoid(0) is not zero."""
+    keras.utils.set_random_seed(seed)
+    stack = [keras.Input((120,))]
+    stack += [layers.Dense(width, activation=activation) for width in widths]
+    return keras.Sequential([*stack, layers.Dense(1, activation="sigmoid")])
 
 
 def cnn(seed, filters, activation="relu"):
@@ -101,6 +111,14 @@ CASES = {
             mlp(2, (9,), penalty=0.05),
         ],
         X,
+    ),
+    "wide_activation_masks": (
+        lambda: [
+            wide_mlp(0, (200, 150), "sigmoid"),
+            wide_mlp(1, (30, 20), "sigmoid"),
+            wide_mlp(2, (120,), "tanh"),
+        ],
+        WIDE,
     ),
     "batch_normalization": (
         lambda: [mlp(0, (6, 4), norm="batch"), mlp(1, (12, 8), norm="batch")],
@@ -171,6 +189,17 @@ def test_padding_stays_zero_and_forward_matches():
     kernel = keras.ops.convert_to_numpy(first.kernel)
     assert kernel.shape == (3, 10, 8)
     assert not kernel[0, :, 4:].any() and not kernel[2, :, 6:].any()
+
+
+def test_a_shallower_member_lines_up_with_the_first_hidden_layers():
+    # Member 0's one hidden layer has the width of member 1's second; it still lines up
+    # with member 1's first (both read the model's input), so no layer is padded to the
+    # input's width, and the outputs line up with the outputs.
+    report = fusion_report([mlp(0, (4,)), mlp(1, (16, 4))])
+    dense = [line for line in str(report).splitlines() if "FusedDense" in line]
+    assert len(dense) == 3, report
+    assert "left out" not in dense[0] and "left out by members 0" in dense[1], report
+    assert "left out" not in dense[2], report
 
 
 def test_report_shows_padding_and_left_out_layers():
