@@ -26,8 +26,11 @@ def implements_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
 class BestCheckpoint:
     """KerasTuner's `SaveBestEpoch` for one trial, shared by all its executions.
 
-    Saves a model's weights when the objective improved on the best value seen in any
-    execution of the trial, or on every epoch when the logs do not hold the objective.
+    Keeps a model's weights when the objective improved on the best value seen in any
+    execution of the trial, or on every epoch when the logs do not hold the objective, and
+    writes the kept weights to the trial's checkpoint file once the trial's pack has
+    trained (`write`): the file ends as KerasTuner's would, without a file written per
+    trial and epoch. A pack that raises writes nothing (`clear`).
 
     Args:
         objective: the oracle's `keras_tuner.Objective`.
@@ -38,6 +41,7 @@ class BestCheckpoint:
         self.objective = objective
         self.path = path
         self.best = float("-inf") if objective.direction == "max" else float("inf")
+        self._kept: tuple[keras.Model, list] | None = None
 
     def update(self, model: keras.Model, logs: dict) -> None:
         if self.objective.has_value(logs):
@@ -45,9 +49,23 @@ class BestCheckpoint:
             if not self.objective.better_than(value, self.best):
                 return
             self.best = value
-        _state.save_weights(model, self.path)
+        self._kept = (model, model.get_weights())
+
+    def write(self) -> None:
+        """Writes the kept weights to the checkpoint file (nothing when none were kept)."""
+        if self._kept is None:
+            return
+        model, weights = self._kept
+        self._kept = None
+        current = model.get_weights()
+        model.set_weights(weights)
+        try:
+            _state.save_weights(model, self.path)
+        finally:
+            model.set_weights(current)
 
     def clear(self) -> None:
+        self._kept = None
         if os.path.exists(self.path):
             os.remove(self.path)
 
@@ -162,6 +180,8 @@ class PackTrials(keras.callbacks.Callback):
             self._pack.stop_training = True
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        for checkpoint in {id(run.checkpoint): run.checkpoint for run in self._runs}.values():
+            checkpoint.write()
         for run in self._runs:
             mlogs = {k: v[-1] for k, v in run.history.items()}
             for callback in run.callbacks:
