@@ -57,8 +57,14 @@ class StackedMean(keras.metrics.Metric):
 
 
 def _split(outputs: Any, n: int) -> list:
-    """Member `j`'s outputs (slice `j` of every stacked leaf) for each member."""
-    return [tree.map_structure(lambda t, j=j: t[j], outputs) for j in range(n)]
+    """Member `j`'s outputs (slice `j` of every stacked leaf) for each member.
+
+    One unstack per leaf rather than a slice per member and leaf: the traced step then has
+    one operation where it had N (and N in its gradient).
+    """
+    flat = tree.flatten(outputs)
+    pieces = [ops.unstack(leaf, num=n, axis=0) for leaf in flat]
+    return [tree.pack_sequence_as(outputs, [p[j] for p in pieces]) for j in range(n)]
 
 
 def _stacked(y_pred: Any) -> Any:
@@ -284,15 +290,19 @@ class FusedEngine(Engine):
         Keras's `metrics=` do); other metrics member by member.
         """
         targets = self._targets(y, sample_weight)
-        member_preds = self.member_outputs(y_pred)
-        for member, (yj, _), pred in zip(self.members, targets, member_preds):
-            compiled = _upstream.compile_metrics(member)
-            if compiled is not None and not compiled.built:
-                compiled.build(yj, pred)
+        compiled_metrics = [_upstream.compile_metrics(member) for member in self.members]
+        member_preds = None
+        if any(c is not None and not c.built for c in compiled_metrics):
+            member_preds = self.member_outputs(y_pred)
+            for compiled, (yj, _), pred in zip(compiled_metrics, targets, member_preds):
+                if compiled is not None and not compiled.built:
+                    compiled.build(yj, pred)
         columns = self._shared_metric_columns(y)
         if columns is not None:
             self._update_shared_metrics(columns, y, y_pred)
             return
+        if member_preds is None:
+            member_preds = self.member_outputs(y_pred)
         for member, (yj, swj), pred in zip(self.members, targets, member_preds):
             compiled = _upstream.compile_metrics(member)
             if compiled is not None:
@@ -353,13 +363,16 @@ class FusedEngine(Engine):
             self._metric_state(column[0].name)
 
     def figures(self) -> list[MemberFigures]:
-        losses = self.loss_state.result()
-        ran = ops.greater(ops.convert_to_tensor(self.loss_state.count), 0)
-        shared = {name: state.result() for name, state in self.metric_states.items()}
+        n = len(self.members)
+        losses = ops.unstack(self.loss_state.result(), num=n)
+        ran = ops.unstack(ops.greater(ops.convert_to_tensor(self.loss_state.count), 0), num=n)
+        shared = {
+            name: ops.unstack(state.result(), num=n) for name, state in self.metric_states.items()
+        }
         result = []
         for j, member in enumerate(self.members):
             if shared:
-                items = {name: value[j] for name, value in shared.items()}
+                items = {name: values[j] for name, values in shared.items()}
             elif _upstream.compile_metrics(member) is not None:
                 items = dict(_upstream.compile_metrics(member).result())
             else:

@@ -32,6 +32,21 @@ def _runs(rules):
     return runs
 
 
+def _run_parts(tensor, runs):
+    """`tensor`'s slices along the member axis, one per run `(rule, a, b)`.
+
+    On TensorFlow one split of known sizes (one operation, where slices make one each and
+    three constants).
+    """
+    if len(runs) == 1:
+        return [tensor]
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.split(tensor, [b - a for _, a, b in runs], axis=0)
+    return [tensor[a:b] for _, a, b in runs]
+
+
 class _StepContext:
     """What every group's update reads: per-member tensors of shape (N,), read once a step."""
 
@@ -72,7 +87,8 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     - `member_mask` (optimizer variable, shape `(N,)`): 1.0 updates the member, 0.0
       freezes it; a frozen member's variables, slots and step count stay unchanged.
     - `nonfinite` (optimizer variable, shape `(N,)`): set at every step to 1.0 for each
-      member whose gradients were not all finite; that member got no update that step.
+      member whose gradients were not all finite and that got no update that step
+      (always 0.0 with `skip_nonfinite=False`, unless a member's loss scale skipped it).
 
     Both are optimizer variables, so they work inside `stateless_apply` on JAX too.
     Supported: SGD, Adam, AdamW, Adamax, Nadam, Lion, Lamb, RMSprop, Adagrad, Adadelta,
@@ -539,15 +555,20 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         if context.divisor is not None:
             divisor = pick(context.divisor)
             grads = [g / member_axis(divisor, len(g.shape), g.dtype) for g in grads]
-        finite = None
-        for g in grads:
-            ok = ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
-            finite = ok if finite is None else ops.logical_and(finite, ok)
+        scaled = np.asarray([self._settings[i].dynamic_scale is not None for i in ids])
+        if self.skip_nonfinite or scaled.any():
+            finite = None
+            for g in grads:
+                ok = ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
+                finite = ok if finite is None else ops.logical_and(finite, ok)
+        else:
+            # Every step is applied, so no member is reported as skipping one (`nonfinite`),
+            # and the gradients need no pass to check them.
+            finite = ops.ones((k,), dtype="bool")
         applies = finite
         if not self.skip_nonfinite:
             # As plain Keras: a non-finite step is applied, unless the member's own
             # LossScaleOptimizer would skip it.
-            scaled = np.asarray([self._settings[i].dynamic_scale is not None for i in ids])
             if scaled.any():
                 applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
             else:
@@ -632,6 +653,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 wd = once(decay_of, rank, dtype)
                 value = value - value * wd * once(lr_of, rank, dtype)
             pieces = []
+            g_runs, value_runs = _run_parts(g, runs), _run_parts(value, runs)
             for r, (rule, a, b) in enumerate(runs):
                 run = once(run_context, r, rank, dtype)
                 slot_names = list(rule.slots([self._settings[i].hyper for i in ids[a:b]]))
@@ -639,8 +661,8 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     name: ops.convert_to_tensor(self._slots[(kk, r, name)]) for name in slot_names
                 }
                 new_value, new_slots = rule.update(
-                    part(g, a, b),
-                    part(value, a, b),
+                    g_runs[r],
+                    value_runs[r],
                     old_slots,
                     run["hyper"],
                     run["lr"],
