@@ -303,8 +303,7 @@ class FusedEngine(Engine):
             return
         if member_preds is None:
             member_preds = self.member_outputs(y_pred)
-        for member, (yj, swj), pred in zip(self.members, targets, member_preds):
-            compiled = _upstream.compile_metrics(member)
+        for compiled, (yj, swj), pred in zip(compiled_metrics, targets, member_preds):
             if compiled is not None:
                 compiled.update_state(yj, pred, swj)
 

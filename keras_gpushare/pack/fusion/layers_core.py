@@ -163,7 +163,7 @@ class FusedDense(FusedLayer):
         """`x @ kernel` for the members that have this layer, zeros for the others.
 
         The members that leave it out take their input past it (`FusedSkip`), so their
-        product would be discarded: gathering the others first saves its FLOPs.
+        product would be discarded: taking only the others' slices saves its FLOPs.
         """
         present = np.asarray(self.present, "int32")
         y = ops.matmul(_members(x, present), _members(kernel, present))

@@ -1,7 +1,9 @@
 """`VectorizedOptimizer`: N members' optimizers applied to stacked variables at once."""
 
+import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -47,16 +49,16 @@ def _run_parts(tensor, runs):
     return [tensor[a:b] for _, a, b in runs]
 
 
+@dataclasses.dataclass
 class _StepContext:
     """What every group's update reads: per-member tensors of shape (N,), read once a step."""
 
-    def __init__(self, mask, iterations, steps, rates, divisor, states):
-        self.mask = mask
-        self.iterations = iterations
-        self.steps = steps
-        self.rates = rates
-        self.divisor = divisor
-        self.states = states
+    mask: Any
+    iterations: Any
+    steps: Any
+    rates: Any
+    divisor: Any
+    states: dict
 
 
 class _Reference:
@@ -566,13 +568,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             # and the gradients need no pass to check them.
             finite = ops.ones((k,), dtype="bool")
         applies = finite
-        if not self.skip_nonfinite:
+        if not self.skip_nonfinite and scaled.any():
             # As plain Keras: a non-finite step is applied, unless the member's own
             # LossScaleOptimizer would skip it.
-            if scaled.any():
-                applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
-            else:
-                applies = ops.ones((k,), dtype="bool")
+            applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
         active = ops.logical_and(pick(context.mask), applies)
         accumulation = [self._settings[i].accumulation or 1 for i in ids]
         updated = active
