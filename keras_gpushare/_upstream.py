@@ -110,6 +110,15 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     model._symbolic_build(data_batch=data_batch)
 
 
+def in_xla_context() -> bool:
+    """Whether TensorFlow is tracing inside an XLA-compiled function:
+    `control_flow_util.GraphOrParentsInXlaContext`."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
 def epoch_iterator_data(iterator: Any) -> Any:
     """Iterates over what a Keras `EpochIterator` hands to a step function (a batch, a list
     of batches, or a backend iterator), whatever else its entries hold: it yields

@@ -446,6 +446,22 @@ def test_tf_distribute_internals():
     assert seen == ["MirroredStrategy"]
 
 
+@needs_tf
+@covers("in_xla_context")
+def test_in_xla_context_tells_an_xla_compiled_trace():
+    import tensorflow as tf
+
+    seen = []
+
+    def probe(x):
+        seen.append(_upstream.in_xla_context())
+        return x + 1
+
+    tf.function(probe, jit_compile=True)(tf.constant(1.0))
+    tf.function(probe, jit_compile=False)(tf.constant(1.0))
+    assert seen == [True, False]
+
+
 # ---------------------------------------------------------------- KerasTuner
 
 

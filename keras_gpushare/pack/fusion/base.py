@@ -199,8 +199,11 @@ class FusedLayer(keras.layers.Layer):
         names = [repr(spec) for spec in specs]
         if len(set(names)) == 1:
             return keras.activations.get(specs[0])(y)
-        result = y
-        for name in dict.fromkeys(names):
+        # The last activation everywhere, the others selected over it: one select (and its
+        # gradient's two) per activation but one, each a pass over the activations.
+        *others, last = dict.fromkeys(names)
+        result = keras.activations.get(specs[names.index(last)])(y)
+        for name in others:
             members = np.asarray([n == name for n in names])
             spec = specs[names.index(name)]
             keep = self.member_broadcast(ops.convert_to_tensor(members), len(y.shape))

@@ -11,6 +11,7 @@ from keras import ops
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _optimizer_state
+from keras_gpushare.pack.fusion._checks import has_accelerator
 from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
     inner_optimizer,
@@ -47,6 +48,31 @@ def _run_parts(tensor, runs):
 
         return tf.split(tensor, [b - a for _, a, b in runs], axis=0)
     return [tensor[a:b] for _, a, b in runs]
+
+
+def _kept_unchanged(kept, updated):
+    """`[(variable, value)]`: each new value, or the old one for members not updated.
+
+    `kept` holds `(variable, new, old, keep)`, `keep` a boolean member-axis tensor shaped to
+    broadcast. A select is a pass over the weights and the optimizer slots; TensorFlow on a
+    CPU fuses no element-wise operations, so there the selects run only in steps where some
+    member is not updated (one `tf.cond` for the group). Under XLA, or on an accelerator,
+    where a branch on a device value stalls the device, they are fused into the update.
+    """
+    if not kept:
+        return []
+
+    def selected():
+        return [ops.where(keep, new, old) for _, new, old, keep in kept]
+
+    if keras.backend.backend() != "tensorflow" or has_accelerator() or _upstream.in_xla_context():
+        values = selected()
+    else:
+        import tensorflow as tf
+
+        news = [new for _, new, _, _ in kept]
+        values = tf.cond(tf.reduce_all(updated), lambda: news, selected)
+    return [(variable, value) for (variable, _, _, _), value in zip(kept, values)]
 
 
 @dataclasses.dataclass
@@ -644,6 +670,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return member_axis(updated, rank)
 
         updates = []
+        kept = []
         for (kk, _, variable), g, raw in zip(members, used, grads):
             rank, dtype = len(variable.shape), variable.dtype
             old = ops.convert_to_tensor(variable)
@@ -670,11 +697,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 )
                 pieces.append(new_value)
                 for name in slot_names:
-                    new_slot = ops.where(run["keep"], new_slots[name], old_slots[name])
-                    updates.append((self._slots[(kk, r, name)], new_slot))
+                    kept.append(
+                        (self._slots[(kk, r, name)], new_slots[name], old_slots[name], run["keep"])
+                    )
             new_value = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)
-            keep = once(keep_of, rank)
-            updates.append((variable, ops.where(keep, new_value, old)))
+            kept.append((variable, new_value, old, once(keep_of, rank)))
             if accumulators is not None:
                 acc = accumulators[[m[0] for m in members].index(kk)]
                 shape = (k,) + (1,) * (rank - 1)
@@ -684,6 +711,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     accumulate, acc + raw, ops.where(reset, ops.zeros_like(acc), acc)
                 )
                 updates.append((self._accumulators[kk], new_acc))
+        updates.extend(_kept_unchanged(kept, updated))
         return updates, finite, active, updated, group_states
 
     def _scale_updates(self, finite, scale_grad):
