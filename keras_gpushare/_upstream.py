@@ -195,6 +195,12 @@ def compile_metrics(model: keras.Model) -> Any:
     return getattr(model, "_compile_metrics", None)
 
 
+def user_metrics(metrics: Any) -> tuple[Any, Any]:
+    """The `metrics=` and `weighted_metrics=` a `CompileMetrics` was made with, as given:
+    `_user_metrics`, `_user_weighted_metrics`."""
+    return metrics._user_metrics, metrics._user_weighted_metrics
+
+
 def weighted_metrics(metrics: Any) -> list[Any]:
     """A built `CompileMetrics`'s weighted metrics, one entry per output (a list of metrics,
     or None where none was given): `_flat_weighted_metrics`."""

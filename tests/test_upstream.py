@@ -446,6 +446,14 @@ def test_tf_distribute_internals():
     assert seen == ["MirroredStrategy"]
 
 
+@covers("user_metrics")
+def test_user_metrics_are_the_compile_arguments():
+    model = compiled_sequential(weighted_metrics=["mse"])
+    metrics, weighted = _upstream.user_metrics(_upstream.compile_metrics(model))
+    assert weighted == ["mse"]
+    assert metrics == ["mae"]
+
+
 @needs_tf
 @covers("in_xla_context")
 def test_in_xla_context_tells_an_xla_compiled_trace():

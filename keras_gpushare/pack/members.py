@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+from keras import tree
+
+from keras_gpushare import _upstream
 
 ACTIVE = 0
 FROZEN_NAN = 1
@@ -181,3 +184,61 @@ def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> lis
         f"with {list(output_counts)} outputs. Pass one loss for all members, a list of {n} "
         "(one per member), or a list with one loss per output shared by all members."
     )
+
+
+def build_member(member: keras.Model, data_batch: Any) -> None:
+    """Builds `member`'s compiled loss, metrics and optimizer for batches like `data_batch`.
+
+    Keras's `_symbolic_build` traces the model, its metrics and its loss on symbolic inputs
+    (on TensorFlow, a scratch graph of every operation, for each member). A built member
+    with a layer graph knows its outputs' shapes, and compiled losses and mean metrics
+    need only those, so they are built from them. Metrics that make their state from the
+    first values they see (an F1 score, for instance), and models without a layer graph,
+    take Keras's way. The optimizer is then built as Keras builds it.
+    """
+    outputs = _output_specs(member)
+    if outputs is not None:
+        y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
+        y = tree.map_structure(
+            lambda v: None if v is None else keras.KerasTensor(v.shape, _dtype(v)), y
+        )
+        metrics = _upstream.compile_metrics(member)
+        if metrics is not None and not metrics.built and _mean_metrics_only(metrics):
+            metrics.build(y, outputs)
+        loss = _upstream.compile_loss(member)
+        if loss is not None and not loss.built:
+            loss.build(y, outputs)
+    _upstream.symbolic_build(member, data_batch)
+
+
+def _output_specs(member: keras.Model) -> Any:
+    """Symbolic tensors shaped as a built `member`'s outputs, in its call's structure, or
+    None when it has no layer graph."""
+    graph = member
+    if isinstance(member, keras.Sequential):
+        graph = _upstream.sequential_graph(member)
+    if not member.built or graph is None or not _upstream.has_layer_graph(graph):
+        return None
+    return tree.map_structure(
+        lambda t: keras.KerasTensor(t.shape, t.dtype), _upstream.outputs_struct(graph)
+    )
+
+
+def _mean_metrics_only(metrics: Any) -> bool:
+    """Whether every metric a `CompileMetrics` will make is a mean of a function of each
+    batch (its state made with it, whatever the shapes)."""
+    for identifier in tree.flatten(_upstream.user_metrics(metrics)):
+        if identifier is None:
+            continue
+        if isinstance(identifier, str) and identifier.lower() in ("accuracy", "acc"):
+            continue
+        metric = keras.metrics.get(identifier)
+        if isinstance(metric, (keras.metrics.Metric, type)) and not isinstance(
+            metric, keras.metrics.MeanMetricWrapper
+        ):
+            return False
+    return True
+
+
+def _dtype(value: Any) -> str:
+    return keras.backend.standardize_dtype(value.dtype)

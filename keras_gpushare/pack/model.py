@@ -634,7 +634,7 @@ class ModelPack(keras.Model):
             )
             for i, (member, batch) in enumerate(zip(self._members, batches)):
                 if members is None or i in members:
-                    member._symbolic_build(data_batch=batch)
+                    members_lib.build_member(member, batch)
             if self.compiled:
                 y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
                 for engine in self._gradient_engines:

@@ -1,0 +1,121 @@
+"""A pack builds its members' compiled losses and metrics as Keras's own first `fit` would.
+
+`members.build_member` builds them from the members' output shapes instead of tracing each
+member; the reference is the same model built by Keras (`_symbolic_build`) and trained with
+plain `fit`. Backend-neutral.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpushare import _upstream
+from keras_gpushare.pack import members as members_lib
+
+
+def classifier(seed, outputs=3):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(outputs, activation="softmax"),
+        ]
+    )
+
+
+def two_heads(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,), name="x")
+    h = keras.layers.Dense(8, activation="tanh")(inputs)
+    return keras.Model(
+        inputs,
+        {
+            "label": keras.layers.Dense(3, activation="softmax", name="label")(h),
+            "score": keras.layers.Dense(1, name="score")(h),
+        },
+    )
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(32, 6)).astype("float32")
+    return x, rng.integers(0, 3, size=(32,)).astype("int32")
+
+
+def compiled_twins(build, **compile_args):
+    models = [build(0), build(0)]
+    for model in models:
+        model.compile(optimizer=keras.optimizers.Adam(0.01), **compile_args)
+    return models
+
+
+def built_state(model):
+    metrics = _upstream.compile_metrics(model)
+    loss = _upstream.compile_loss(model)
+    return (
+        [(type(m).__name__, m.name) for m in metrics.metrics] if metrics else [],
+        [m.name for m in loss.metrics] if loss else [],
+        len(model.optimizer.variables),
+    )
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [["accuracy"], ["accuracy", "sparse_categorical_crossentropy"], ["f1_score"]],
+    ids=["accuracy", "two-mean-metrics", "f1-keras-way"],
+)
+def test_a_built_member_trains_as_keras_builds_it(metrics):
+    x, y = data()
+    if metrics == ["f1_score"]:
+        y_fit = keras.utils.to_categorical(y, 3)
+        loss = "categorical_crossentropy"
+    else:
+        y_fit, loss = y, "sparse_categorical_crossentropy"
+    ours, keras_own = compiled_twins(classifier, loss=loss, metrics=metrics)
+    batch = (x[:8], y_fit[:8])
+    members_lib.build_member(ours, batch)
+    _upstream.symbolic_build(keras_own, batch)
+    assert built_state(ours) == built_state(keras_own)
+    logs = [
+        m.fit(x, y_fit, batch_size=8, epochs=2, shuffle=False, verbose=0) for m in (ours, keras_own)
+    ]
+    for key in logs[1].history:
+        np.testing.assert_allclose(logs[0].history[key], logs[1].history[key], rtol=1e-6)
+    for a, b in zip(ours.get_weights(), keras_own.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_member_with_named_outputs_builds_per_output_losses_and_metrics():
+    x, y = data()
+    score = np.linspace(-1, 1, len(x)).astype("float32")[:, None]
+    labels = {"label": y, "score": score}
+    args = dict(
+        loss={"label": "sparse_categorical_crossentropy", "score": "mse"},
+        metrics={"label": ["accuracy"], "score": ["mae"]},
+    )
+    ours, keras_own = compiled_twins(two_heads, **args)
+    batch = (x[:8], {"label": y[:8], "score": score[:8]})
+    members_lib.build_member(ours, batch)
+    _upstream.symbolic_build(keras_own, batch)
+    assert built_state(ours) == built_state(keras_own)
+    logs = [
+        m.fit(x, labels, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        for m in (ours, keras_own)
+    ]
+    assert sorted(logs[0].history) == sorted(logs[1].history)
+    for key in logs[1].history:
+        np.testing.assert_allclose(logs[0].history[key], logs[1].history[key], rtol=1e-6)
+
+
+def test_mean_metrics_only_tells_metrics_that_make_state_from_values():
+    def metrics_of(metrics):
+        model = classifier(0)
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=metrics)
+        return _upstream.compile_metrics(model)
+
+    assert members_lib._mean_metrics_only(
+        metrics_of(["accuracy", "mae", keras.metrics.mean_squared_error])
+    )
+    assert not members_lib._mean_metrics_only(metrics_of(["accuracy", "auc"]))
+    assert not members_lib._mean_metrics_only(metrics_of([keras.metrics.F1Score()]))
