@@ -184,7 +184,11 @@ class ModelPack(keras.Model):
         Members the graph engine trains are the models themselves; fused members are
         refreshed from the stacked weights (and optimizer state) each time this is read.
         """
-        optimizer = getattr(self, "optimizer", None)
+        return self._refreshed_members(optimizer_state=True)
+
+    def _refreshed_members(self, optimizer_state: bool) -> list[keras.Model]:
+        """The members holding the current weights, and the optimizer state if asked."""
+        optimizer = getattr(self, "optimizer", None) if optimizer_state else None
         for engine in self._engines:
             engine.sync_members(optimizer)
         return list(self._members)

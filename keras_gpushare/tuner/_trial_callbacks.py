@@ -119,6 +119,16 @@ class TrialRun:
         return history
 
 
+def _user_hook(tuner: Any, name: str) -> bool:
+    """Whether `tuner`'s class defines hook `name` below KerasTuner's and our own classes."""
+    for klass in type(tuner).__mro__:
+        if klass.__module__.startswith(("keras_tuner.", "keras_gpushare.")):
+            return False
+        if name in vars(klass):
+            return True
+    return False
+
+
 class PackTrials(keras.callbacks.Callback):
     """Dispatches the pack's `fit` events to each trial execution, under single-model names.
 
@@ -141,6 +151,9 @@ class PackTrials(keras.callbacks.Callback):
         self._epochs = epochs
         for index, run in enumerate(runs):
             run.index = index
+        self._optimizer_state_read = any(run.callbacks for run in runs) or any(
+            _user_hook(run.tuner, "on_epoch_end") for run in runs
+        )
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         for run in self._runs:
@@ -159,9 +172,11 @@ class PackTrials(keras.callbacks.Callback):
                     callback.on_epoch_begin(epoch, mlogs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        # Reading `members` refreshes the fused engine's member models from its stacked
-        # weights, so checkpoints and callbacks see this epoch's weights.
-        members = self._pack.members
+        # The fused engine's member models are refreshed from its stacked weights, so
+        # checkpoints and callbacks see this epoch's weights; their optimizers' state only
+        # when a callback or a tuner hook of the user's may read it (checkpoints hold
+        # weights alone).
+        members = self._pack._refreshed_members(optimizer_state=self._optimizer_state_read)
         for run in self._runs:
             if not run.active:
                 continue

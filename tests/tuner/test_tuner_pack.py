@@ -118,6 +118,53 @@ def test_a_callback_stops_only_its_own_trial(tmp_path):
     assert set(units) == {4, 8}
 
 
+def _optimizer_steps(model):
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+class _OptimizerSteps(keras.callbacks.Callback):
+    """Records the optimizer step count its model shows at each epoch end."""
+
+    seen: list = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        _OptimizerSteps.seen.append((epoch, _optimizer_steps(self.model)))
+
+
+class _TunerReadingOptimizers(kg.tuner.ParallelTuner):
+    seen: list = []
+
+    def on_epoch_end(self, trial, model, epoch, logs=None):
+        _TunerReadingOptimizers.seen.append((epoch, _optimizer_steps(model)))
+        super().on_epoch_end(trial, model, epoch, logs=logs)
+
+
+def test_callbacks_and_tuner_hooks_see_their_trials_optimizer_state(tmp_path):
+    # 96 training samples, batch size 32: as plain `fit`, 3 optimizer steps an epoch.
+    expected = sorted((epoch, 3 * (epoch + 1)) for epoch in range(3) for _ in range(2))
+    _OptimizerSteps.seen = []
+    _search(
+        tmp_path,
+        "callback-state",
+        objective="val_loss",
+        max_trials=2,
+        callbacks=[_OptimizerSteps()],
+    )
+    assert sorted(_OptimizerSteps.seen) == expected
+    _TunerReadingOptimizers.seen = []
+    x, y = th.data()
+    tuner = _TunerReadingOptimizers(
+        th.build_mlp,
+        objective="val_loss",
+        max_trials=2,
+        parallel_trials=2,
+        directory=str(tmp_path),
+        project_name="hook-state",
+    )
+    tuner.search(x, y, epochs=3, validation_split=0.25, verbose=0, shuffle=False)
+    assert sorted(_TunerReadingOptimizers.seen) == expected
+
+
 def test_invalid_arguments_raise_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="`executor`: got 'threads'"):
         kg.tuner.ParallelTuner(th.build_mlp, objective="val_loss", executor="threads")
