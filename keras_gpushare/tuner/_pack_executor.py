@@ -186,7 +186,10 @@ def _fit_group(
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
         hooks = PackTrialsWithBatches if batch_hooks else PackTrials
-        kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"])]
+        # Checkpoints hold weights alone: the trials' optimizer state is refreshed at each
+        # epoch end only for the user's callbacks and tuner hooks.
+        optimizer_state = bool(callbacks) or tuner._uses_epoch_end_hook()
+        kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"], optimizer_state)]
         values = runs[0].trial.hyperparameters.values
         kwargs["initial_epoch"] = values.get("tuner/initial_epoch", kwargs.get("initial_epoch", 0))
         batch_size = _batch_size(runs[0], fit_kwargs)

@@ -119,16 +119,6 @@ class TrialRun:
         return history
 
 
-def _user_hook(tuner: Any, name: str) -> bool:
-    """Whether `tuner`'s class defines hook `name` below KerasTuner's and our own classes."""
-    for klass in type(tuner).__mro__:
-        if klass.__module__.startswith(("keras_tuner.", "keras_gpushare.")):
-            return False
-        if name in vars(klass):
-            return True
-    return False
-
-
 class PackTrials(keras.callbacks.Callback):
     """Dispatches the pack's `fit` events to each trial execution, under single-model names.
 
@@ -142,18 +132,21 @@ class PackTrials(keras.callbacks.Callback):
         pack: the `ModelPack` being trained.
         runs: one `TrialRun` per member, in member order.
         epochs: the `epochs` argument of the pack's `fit`.
+        optimizer_state: whether the trials' models get their optimizers' state at each
+            epoch end (for callbacks or tuner hooks that read it), or their weights alone.
+            Defaults to `True`.
     """
 
-    def __init__(self, pack: keras.Model, runs: list[TrialRun], epochs: int) -> None:
+    def __init__(
+        self, pack: keras.Model, runs: list[TrialRun], epochs: int, optimizer_state: bool = True
+    ) -> None:
         super().__init__()
         self._pack = pack
         self._runs = runs
         self._epochs = epochs
         for index, run in enumerate(runs):
             run.index = index
-        self._optimizer_state_read = any(run.callbacks for run in runs) or any(
-            _user_hook(run.tuner, "on_epoch_end") for run in runs
-        )
+        self._optimizer_state = optimizer_state
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         for run in self._runs:
@@ -176,7 +169,7 @@ class PackTrials(keras.callbacks.Callback):
         # checkpoints and callbacks see this epoch's weights; their optimizers' state only
         # when a callback or a tuner hook of the user's may read it (checkpoints hold
         # weights alone).
-        members = self._pack._refreshed_members(optimizer_state=self._optimizer_state_read)
+        members = self._pack._refreshed_members(optimizer_state=self._optimizer_state)
         for run in self._runs:
             if not run.active:
                 continue

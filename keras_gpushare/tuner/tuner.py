@@ -280,6 +280,9 @@ class ParallelTuner(keras_tuner.Tuner):
     def _uses_batch_hooks(self) -> bool:
         return any(_overrides(type(self), n) for n in ("on_batch_begin", "on_batch_end"))
 
+    def _uses_epoch_end_hook(self) -> bool:
+        return _overrides(type(self), "on_epoch_end") is not None
+
     def _search_one_at_a_time(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
         """KerasTuner's own loop, waiting instead of spinning while the oracle is IDLE."""
         while True:
