@@ -56,8 +56,9 @@ def _kept_unchanged(kept, updated):
     `kept` holds `(variable, new, old, keep)`, `keep` a boolean member-axis tensor shaped to
     broadcast. A select is a pass over the weights and the optimizer slots; TensorFlow on a
     CPU fuses no element-wise operations, so there the selects run only in steps where some
-    member is not updated (one `tf.cond` for the group). Under XLA, or on an accelerator,
-    where a branch on a device value stalls the device, they are fused into the update.
+    member is not updated (one `tf.cond` for the group). Elsewhere they stay in the update:
+    XLA (and JAX) fuse them into it, and on an accelerator a branch on a device value would
+    stall the device.
     """
     if not kept:
         return []
