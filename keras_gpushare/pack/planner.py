@@ -155,9 +155,7 @@ def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: boo
         else:
             parts = _exact_classes(members, ids)
         for part in parts:
-            # Members of one optimizer family side by side: the vectorized optimizer updates
-            # each stretch of a family as one block.
-            part = sorted(part, key=lambda i: _optimizer_family(members[i]))
+            part = _ordered(part, members, ids, costs)
             part_report = report if part == list(ids) else fusion_report([members[i] for i in part])
             if not part_report.fusable:
                 reason = _first_reason(part_report, part)
@@ -180,6 +178,28 @@ def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: boo
                 positions = [ids.index(i) for i in part]
                 plan.waste.append(0.0 if costs is None else costs.waste(positions))
     plan.graph = tuple(sorted(graph_members))
+
+
+def _ordered(
+    part: list[int], members: Sequence[keras.Model], ids: list[int], costs: Any
+) -> list[int]:
+    """`part` in the order its group stacks it.
+
+    Members of one optimizer family sit side by side: the vectorized optimizer updates each
+    stretch of a family as one block. Within a family, members are ordered by the weighted
+    layers they have, in turn up and down from one family to the next. Members of nested
+    depths (a search over `num_layers`) then have each layer in one run of the group, even
+    across two families, so a layer computed only for them takes one slice of the stacked
+    kernel, whose gradient is one pass over it rather than one per run.
+    """
+    families = sorted({_optimizer_family(members[i]) for i in part})
+
+    def key(i: int) -> tuple:
+        family = families.index(_optimizer_family(members[i]))
+        has = () if costs is None else costs.layers_of(ids.index(i))
+        return (family, has if family % 2 == 0 else tuple(-x for x in has))
+
+    return sorted(part, key=key)
 
 
 def _optimizer_family(member: keras.Model) -> str:

@@ -116,6 +116,10 @@ class GroupCosts:
         calls = sum(1 for call in self.calls if call.present[members].any())
         return calls * self.overhead + self.flops(members)[0]
 
+    def layers_of(self, member: int) -> tuple[int, ...]:
+        """1 or 0 for each call with weights that computes only its members': has `member` it."""
+        return tuple(int(c.present[member]) for c in self.calls if c.weighted and c.present_only)
+
     def waste(self, members: Sequence[int]) -> float:
         """The share of a group's FLOPs that is padding."""
         padded, real = self.flops(members)

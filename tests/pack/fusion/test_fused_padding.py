@@ -279,6 +279,41 @@ def test_members_of_different_depths_with_their_own_layer_names_fuse():
         _assert_close(member, twin)
 
 
+def test_a_search_over_depth_and_optimizers_stacks_each_layer_in_one_run():
+    # A search over `num_layers` and the optimizer family: the group orders its members so
+    # that each layer some members leave out is computed for one run of the others (one
+    # slice of its stacked kernel), and each optimizer family is one block.
+    depths = [3, 1, 2, 2, 3, 1, 2, 3]
+    families = [keras.optimizers.Adam, keras.optimizers.SGD] * 4
+
+    def build():
+        members = [mlp(seed, (8,) * depth) for seed, depth in enumerate(depths)]
+        for member, family in zip(members, families):
+            member.compile(optimizer=family(0.01), loss="binary_crossentropy")
+        return members
+
+    members, twins = build(), build()
+    pack = kg.ModelPack(members)
+    pack.compile(optimizer=[m.optimizer for m in members], loss="binary_crossentropy")
+    (engine,) = pack._gradient_engines
+    order = list(engine.member_ids)
+    assert sorted(order) == list(range(len(depths)))
+    names = [type(members[i].optimizer).__name__ for i in order]
+    assert names == sorted(names, key=names.index)
+    partial = [
+        layer.present
+        for layer in engine.fused._flatten_layers()
+        if getattr(layer, "present", None) is not None and len(layer.present) < len(order)
+    ]
+    assert len(partial) == 2
+    for present in partial:
+        assert present == list(range(present[0], present[-1] + 1)), (order, present)
+    _fit(pack, X, epochs=1)
+    for member, twin in zip(pack.members, twins):
+        _fit(twin, X, epochs=1)
+        _assert_close(member, twin)
+
+
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the graph engine")
 def test_a_member_moved_to_the_graph_engine_leaves_its_group_and_padding():
     members = [mlp(0, (4,)), mlp(1, (16,)), mlp(2, (32,))]
