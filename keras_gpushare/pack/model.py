@@ -119,7 +119,8 @@ class ModelPack(keras.Model):
             tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
         )
         engines: list[Engine] = [
-            FusedEngine([members[i] for i in group], group, self._options) for group in plan.groups
+            FusedEngine([members[i] for i in group], group, self._options, fusion_plan)
+            for group, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
         ]
         if plan.graph:
             engines.append(
@@ -487,7 +488,8 @@ class ModelPack(keras.Model):
             {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
         )
         engines: list[Engine] = [
-            FusedEngine([members[i] for i in g], g, self._options) for g in plan.groups
+            FusedEngine([members[i] for i in g], g, self._options, fusion_plan)
+            for g, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
         ]
         engines.append(
             _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)

@@ -15,7 +15,7 @@ from typing import Any
 
 import keras
 
-from keras_gpushare.pack.fusion import cost, fusion_report, template
+from keras_gpushare.pack.fusion import cost, template
 from keras_gpushare.pack.fusion.converter import fusion_signature, member_graph
 from keras_gpushare.pack.fusion.report import inspect_members
 
@@ -30,6 +30,8 @@ class EnginePlan:
         reports: one `FusionReport` per fused group.
         reasons: why each graph member is not fused (a sentence per member index).
         waste: for each fused group, the share of its estimated FLOPs that is padding.
+        fusion_plans: for each fused group, the `FusionPlan` its members were inspected
+            with (its engine builds the fused model from it).
     """
 
     groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
@@ -37,6 +39,7 @@ class EnginePlan:
     reports: list[Any] = dataclasses.field(default_factory=list)
     reasons: dict[int, str] = dataclasses.field(default_factory=dict)
     waste: list[float] = dataclasses.field(default_factory=list)
+    fusion_plans: list[Any] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
         n = sum(len(g) for g in self.groups) + len(self.graph)
@@ -118,11 +121,12 @@ def _set_groups(
     plan: EnginePlan, members: Sequence[keras.Model], groups: list[tuple[int, ...]]
 ) -> None:
     """Sets `plan`'s fused groups, with each group's report and padding waste."""
-    plan.groups, plan.reports, plan.waste = groups, [], []
+    plan.groups, plan.reports, plan.waste, plan.fusion_plans = groups, [], [], []
     for group in groups:
         report, fusion_plan = inspect_members([members[i] for i in group])
         report.member_ids = list(group)
         plan.reports.append(report)
+        plan.fusion_plans.append(fusion_plan)
         waste = 0.0
         if fusion_plan is not None:
             waste = cost.GroupCosts(fusion_plan).waste(range(len(group)))
@@ -156,7 +160,9 @@ def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: boo
             parts = _exact_classes(members, ids)
         for part in parts:
             part = _ordered(part, members, ids, costs)
-            part_report = report if part == list(ids) else fusion_report([members[i] for i in part])
+            part_report, part_plan = report, fusion_plan
+            if part != list(ids):
+                part_report, part_plan = inspect_members([members[i] for i in part])
             if not part_report.fusable:
                 reason = _first_reason(part_report, part)
                 graph_members.extend(part)
@@ -175,6 +181,7 @@ def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: boo
                 part_report.member_ids = list(part)
                 plan.groups.append(tuple(part))
                 plan.reports.append(part_report)
+                plan.fusion_plans.append(part_plan)
                 positions = [ids.index(i) for i in part]
                 plan.waste.append(0.0 if costs is None else costs.waste(positions))
     plan.graph = tuple(sorted(graph_members))

@@ -23,7 +23,7 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import replicas
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, MemberFigures
 from keras_gpushare.pack.fusion import build_fused_model
-from keras_gpushare.pack.fusion.model import member_part, set_member_part
+from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
 from keras_gpushare.pack.members import ACTIVE
 
 
@@ -135,15 +135,24 @@ class FusedEngine(Engine):
         members: the member models, in `member_ids` order.
         member_ids: each member's position in the pack.
         options: the pack's `EngineOptions`.
+        fusion_plan: the members' `FusionPlan`, when the planner has inspected them
+            (else they are inspected here).
     """
 
     kind = "fused"
 
     def __init__(
-        self, members: Sequence[keras.Model], member_ids: Sequence[int], options: EngineOptions
+        self,
+        members: Sequence[keras.Model],
+        member_ids: Sequence[int],
+        options: EngineOptions,
+        fusion_plan: Any = None,
     ) -> None:
         super().__init__(members, member_ids, options)
-        self.fused = build_fused_model(self.members)
+        if fusion_plan is None:
+            self.fused = build_fused_model(self.members)
+        else:
+            self.fused = fuse_planned(self.members, fusion_plan)
         self._regularized = _regularized_parts(self.fused, self.members)
         self.loss_state = StackedMean(len(self.members), name="member_loss")
         self.metric_states: dict[str, StackedMean] = {}

@@ -2,6 +2,7 @@
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -196,6 +197,13 @@ def build_fused_model(members: Sequence[keras.Model], input_mode: str = "replica
     report, plan = inspect_members(members)
     if not report.fusable:
         raise ValueError(f"These members cannot be fused.\n{report}")
+    return fuse_planned(members, plan, input_mode)
+
+
+def fuse_planned(
+    members: Sequence[keras.Model], plan: Any, input_mode: str = "replicate"
+) -> FusedModel:
+    """`build_fused_model` for members already inspected: `plan` is their `FusionPlan`."""
     graph, layer_index = converter.build_graph(plan, len(members), input_mode)
     fused = FusedModel(
         graph,
