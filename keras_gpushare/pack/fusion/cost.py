@@ -117,7 +117,8 @@ class GroupCosts:
         return calls * self.overhead + self.flops(members)[0]
 
     def layers_of(self, member: int) -> tuple[int, ...]:
-        """1 or 0 for each call with weights that computes only its members': has `member` it."""
+        """For each call with weights computed only for the members having it: 1 if `member`
+        has it, else 0."""
         return tuple(int(c.present[member]) for c in self.calls if c.weighted and c.present_only)
 
     def waste(self, members: Sequence[int]) -> float:
