@@ -25,7 +25,7 @@ from keras_gpushare.pack.logs import pack_logs
 from keras_gpushare.pack.member_callbacks import per_member_callbacks
 from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
-from keras_gpushare.pack.planner import move_to_graph, plan_engines
+from keras_gpushare.pack.planner import EnginePlan, move_to_graph, plan_engines
 from keras_gpushare.pack.watcher import StatusWatcher
 
 logger = logging.getLogger(__name__)
@@ -118,15 +118,7 @@ class ModelPack(keras.Model):
         self._options = EngineOptions(
             tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
         )
-        engines: list[Engine] = [
-            FusedEngine([members[i] for i in group], group, self._options, fusion_plan)
-            for group, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
-        ]
-        if plan.graph:
-            engines.append(
-                _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
-            )
-        self._set_engines(engines)
+        self._set_engines(self._planned_engines(plan))
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -142,6 +134,19 @@ class ModelPack(keras.Model):
         if all(m.built for m in members):
             self.built = True
         logger.info("ModelPack %s: %s", self.name, plan)
+
+    def _planned_engines(self, plan: EnginePlan) -> list[Engine]:
+        """One fused engine per group of `plan`, then the graph engine for the rest, if any."""
+        members = list(self._members)
+        engines: list[Engine] = [
+            FusedEngine([members[i] for i in group], group, self._options, fusion_plan)
+            for group, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
+        ]
+        if plan.graph:
+            engines.append(
+                _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
+            )
+        return engines
 
     def _set_engines(self, engines: list[Engine]) -> None:
         """Holds `engines` and tracks their Keras objects (weights, saving) as the pack's."""
@@ -487,14 +492,7 @@ class ModelPack(keras.Model):
             members,
             {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
         )
-        engines: list[Engine] = [
-            FusedEngine([members[i] for i in g], g, self._options, fusion_plan)
-            for g, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
-        ]
-        engines.append(
-            _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
-        )
-        self._set_engines(engines)
+        self._set_engines(self._planned_engines(plan))
         message = (
             f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
             f"not fused: {next(iter(reasons.values()))}"
