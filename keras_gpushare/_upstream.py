@@ -127,6 +127,13 @@ def epoch_iterator_data(iterator: Any) -> Any:
         yield entry[-1]
 
 
+def epoch_iterator_element_spec(iterator: Any) -> Any:
+    """The `tf.TypeSpec` structure of the batches a TensorFlow `TFEpochIterator` yields, or
+    None for another iterator: its dataset's `element_spec`, via `_distributed_dataset`."""
+    dataset = getattr(iterator, "_distributed_dataset", None)
+    return None if dataset is None else dataset.element_spec
+
+
 def reinitialize_variable(variable: keras.Variable, value: Any) -> None:
     """Replaces the backend variable behind a Keras variable (TensorFlow: a new
     `tf.Variable`, e.g. on another device): `_initialize`."""

@@ -222,6 +222,28 @@ def test_epoch_iterator_data_is_the_last_item_of_each_entry():
     np.testing.assert_array_equal(np.concatenate(seen), x)
 
 
+@covers("epoch_iterator_element_spec")
+def test_epoch_iterator_element_spec_describes_the_batches_of_a_tensorflow_iterator():
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    x, y = np.ones((5, 3), "float32"), np.zeros((5,), "int32")  # the last batch is short
+    plain = EpochIterator(x=x, y=y, batch_size=2, shuffle=False)
+    assert _upstream.epoch_iterator_element_spec(plain) is None
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    iterator = TFEpochIterator(
+        x=x, y=y, batch_size=2, shuffle=False, distribute_strategy=tf.distribute.get_strategy()
+    )
+    spec = _upstream.epoch_iterator_element_spec(iterator)
+    assert [(tuple(s.shape), s.dtype.name) for s in tree.flatten(spec)] == [
+        ((None, 3), "float32"),
+        ((None,), "int32"),
+    ]
+
+
 @covers("model_supports_jit")
 def test_model_supports_jit_is_a_boolean():
     assert _upstream.model_supports_jit(functional()) in (True, False)

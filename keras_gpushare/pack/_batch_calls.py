@@ -1,13 +1,19 @@
-"""Which callbacks need Keras to call them after every batch.
+"""How many batches a pack compiled with `steps_per_execution="auto"` runs per call.
 
-A pack compiled with `steps_per_execution="auto"` runs many batches per compiled call, as
-fast as Keras can; Keras then calls batch hooks once per call, not once per batch. A plain
-`fit` (Keras's default of one batch per call) calls them every batch, so a pack whose `fit`
-is given a callback that acts on batches runs one batch per call too.
+Such a pack runs many batches per compiled call, as fast as Keras can. Two things a plain
+`fit` (Keras's default of one batch per call) does must stay as they are:
+
+- Keras calls batch hooks once per call, not once per batch: a `fit` given a callback that
+  acts on batches runs one batch per call.
+- Keras's loop runs whole calls: with `steps_per_epoch=10` and 64 batches a call it would
+  take 64 optimizer steps an epoch (or all the data has). Where the user counts the steps
+  (`steps_per_epoch`, `validation_steps`, `steps`), a call runs a number of batches that
+  divides each count, so an epoch is exactly the steps asked for.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import keras
@@ -53,3 +59,17 @@ def _overridden(callback: keras.callbacks.Callback, name: str, base: type) -> bo
 def any_act_on_batches(callbacks: Iterable[keras.callbacks.Callback]) -> bool:
     """Whether any of `callbacks` acts on batches."""
     return any(acts_on_batches(c) for c in callbacks)
+
+
+def steps_per_call(
+    limit: int, callbacks: Iterable[keras.callbacks.Callback], counts: Iterable[int | None]
+) -> int:
+    """Batches per compiled call: at most `limit`, 1 for batch callbacks, and a divisor of
+    every step count the user gave (`None` or 0: left to the data, as Keras does)."""
+    if any_act_on_batches(callbacks):
+        return 1
+    given = [int(c) for c in counts if c]
+    if not given:
+        return limit
+    common = math.gcd(*given)
+    return max(d for d in range(1, min(limit, common) + 1) if common % d == 0)

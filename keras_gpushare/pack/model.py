@@ -354,7 +354,9 @@ class ModelPack(keras.Model):
                 CPU), which hides Keras's per-call overhead, except in a `fit`, `evaluate` or
                 `predict` given a callback that acts on every batch (batch hooks, an integer
                 `save_freq` or `update_freq`): those run one batch per call, as Keras's
-                default does, so the callback sees every batch. Under a `tf.distribute`
+                default does, so the callback sees every batch. Given `steps_per_epoch`,
+                `validation_steps` or `steps`, a call runs a number of batches dividing
+                them, so an epoch takes exactly those steps. Under a `tf.distribute`
                 strategy it must be 1 (`"auto"` picks 1). Defaults to `"auto"`.
             jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
                 layers support XLA (also on CPU, where plain Keras leaves it off) and no
@@ -608,6 +610,11 @@ class ModelPack(keras.Model):
             # `build` may assign, which TensorFlow keeps only when it runs eagerly).
             graph = {i for engine in self._stepping_engines for i in engine.member_ids}
             fused = [i for i in range(len(self._members)) if i not in graph]
+            if data_batch is None and iterator is not None:
+                # From the batches' shapes: reading one would start an epoch of the data
+                # (a `PyDataset`'s workers would load batches that plain `fit` never asks
+                # for, and hand the first epoch some of them).
+                data_batch = _symbolic_batch(_upstream.epoch_iterator_element_spec(iterator))
             self._symbolic_build(iterator=iterator, data_batch=data_batch, members=fused)
             return
         super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
@@ -695,7 +702,8 @@ class ModelPack(keras.Model):
             # Not the validation inside `fit`, whose labels `fit` checked.
             self._check_labels(x, y)
         return_dict = kwargs.pop("return_dict", False)
-        with self._steps_for(kwargs.get("callbacks")):
+        counts = [_argument("evaluate", "steps", x, y, args, kwargs)]
+        with self._steps_for(kwargs.get("callbacks"), counts):
             logs = super().evaluate(x, y, *args, return_dict=True, **kwargs)
         if return_dict:
             return logs
@@ -711,21 +719,24 @@ class ModelPack(keras.Model):
         return list(self._logs())
 
     @contextlib.contextmanager
-    def _steps_for(self, callbacks: Any) -> Iterator[None]:
-        """One batch per compiled call while a callback acts on every batch.
+    def _steps_for(self, callbacks: Any, counts: Sequence[int | None] = ()) -> Iterator[None]:
+        """Batches per compiled call for one `fit`, `evaluate` or `predict`.
 
-        With `steps_per_execution="auto"` (many batches per call) Keras would call such a
-        callback once per call instead of once per batch, unlike a plain `fit`.
+        With `steps_per_execution="auto"` (many batches per call) Keras would call a
+        callback that acts on every batch once per call instead of once per batch, and run
+        whole calls past the `steps_per_epoch`, `validation_steps` or `steps` the user
+        counted (`counts`); a plain `fit` does neither (see `_batch_calls`).
         """
-        if isinstance(callbacks, keras.callbacks.CallbackList) or not (
-            getattr(self, "_auto_steps", False)
-            and self.steps_per_execution != 1
-            and _batch_calls.any_act_on_batches(callbacks or [])
+        steps = self.steps_per_execution
+        wanted = steps
+        if getattr(self, "_auto_steps", False) and not isinstance(
+            callbacks, keras.callbacks.CallbackList
         ):
+            wanted = _batch_calls.steps_per_call(steps, callbacks or [], counts)
+        if wanted == steps:
             yield
             return
-        steps = self.steps_per_execution
-        self._reset_step_functions(1)
+        self._reset_step_functions(wanted)
         try:
             yield
         finally:
@@ -858,7 +869,12 @@ class ModelPack(keras.Model):
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
-        with self._steps_for(callbacks):
+        counts = [_argument("fit", "steps_per_epoch", x, y, args, kwargs)]
+        if _argument("fit", "validation_data", x, y, args, kwargs) is not None or _argument(
+            "fit", "validation_split", x, y, args, kwargs
+        ):
+            counts.append(_argument("fit", "validation_steps", x, y, args, kwargs))
+        with self._steps_for(callbacks, counts):
             history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
         if all(m.built for m in self._members):
             self.built = True
@@ -889,7 +905,8 @@ class ModelPack(keras.Model):
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
         self._check_inputs(x)
-        with self._steps_for(kwargs.get("callbacks")):
+        counts = [_argument("predict", "steps", x, None, args, kwargs)]
+        with self._steps_for(kwargs.get("callbacks"), counts):
             outputs = super().predict(x, *args, **kwargs)
         if not stack:
             return outputs
@@ -944,6 +961,35 @@ class ModelPack(keras.Model):
             config["groups"] = [list(range(n))] if engine == "fused" else []
         # The saved weights have the saved plan's layout: rebuild exactly that plan.
         return cls(**config)
+
+
+def _argument(method: str, name: str, x: Any, y: Any, args: tuple, kwargs: dict) -> Any:
+    """The value of argument `name` in a call of `keras.Model.<method>`, or its default."""
+    signature = inspect.signature(getattr(keras.Model, method))
+    given = (x, *args) if method == "predict" else (x, y, *args)
+    try:
+        bound = signature.bind_partial(None, *given, **kwargs)
+    except TypeError:
+        # Keras raises its own error for these arguments.
+        return signature.parameters[name].default
+    if name in bound.arguments:
+        return bound.arguments[name]
+    return signature.parameters[name].default
+
+
+def _symbolic_batch(spec: Any) -> Any:
+    """Symbolic tensors shaped as the batches `spec` (`tf.TensorSpec`s) describes, or None
+    when it holds other kinds (ragged, sparse) or is None."""
+    if spec is None:
+        return None
+    import tensorflow as tf
+
+    leaves = tree.flatten(spec)
+    if not all(type(leaf) is tf.TensorSpec for leaf in leaves):
+        return None
+    return tree.map_structure(
+        lambda leaf: keras.KerasTensor(tuple(leaf.shape), leaf.dtype.name), spec
+    )
 
 
 def _has_gpu() -> bool:

@@ -701,6 +701,57 @@ CASES["optimizer_families"] = _case(
 )
 
 
+# How fit reads the data (issue 24 items 1 and 2) -------------------------------------------
+
+
+def _steps_per_epoch_fit(data: dict, who: Who) -> dict:
+    # 6 batches of training data: 2 an epoch, 3 epochs; 2 validation batches.
+    return {
+        **plain_fit(epochs=3)(data, who),
+        "steps_per_epoch": 2,
+        "validation_steps": 2,
+    }
+
+
+def _endless_batches(data: dict):
+    while True:
+        for start in range(0, ROWS, 16):
+            yield data["x"][start : start + 16], data["y"][start : start + 16]
+
+
+def _generator_fit(data: dict, who: Who) -> dict:
+    kwargs = plain_fit(epochs=2)(data, who)
+    del kwargs["y"], kwargs["batch_size"]
+    return {**kwargs, "x": _endless_batches(data), "steps_per_epoch": 4}
+
+
+class Batches(keras.utils.PyDataset):
+    """The training rows in batches of 16, counting the batches it is asked for."""
+
+    def __init__(self, data: dict, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.x, self.y = data["x"], data["y"]
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.x) // 16
+
+    def __getitem__(self, index: int):
+        self.reads += 1
+        return self.x[index * 16 : (index + 1) * 16], self.y[index * 16 : (index + 1) * 16]
+
+
+def _py_dataset_fit(data: dict, who: Who) -> dict:
+    kwargs = plain_fit(epochs=2)(data, who)
+    del kwargs["y"], kwargs["batch_size"]
+    return {**kwargs, "x": Batches(data, workers=2)}
+
+
+CASES["steps_per_epoch"] = _case("steps_per_epoch", fit=_steps_per_epoch_fit)
+CASES["generator_steps_per_epoch"] = _case("generator_steps_per_epoch", fit=_generator_fit)
+CASES["py_dataset_workers"] = _case("py_dataset_workers", fit=_py_dataset_fit)
+
+
 @dataclasses.dataclass(frozen=True)
 class Known:
     """A cell of the matrix that fails today: strict xfail with `reason`."""

@@ -49,6 +49,9 @@ FEATURES = {
     "batch_callbacks": "per-batch hooks, ModelCheckpoint(save_freq=5) (item 9)",
     "optimizer_ema": "optimizer use_ema=True",
     "optimizer_families": "Adam for one member, SGD for another (item 4)",
+    "steps_per_epoch": "steps_per_epoch, validation_steps below the data's batches (24.1)",
+    "generator_steps_per_epoch": "an endless Python generator with steps_per_epoch (24.1)",
+    "py_dataset_workers": "keras.utils.PyDataset with workers=2 (24.2)",
 }
 
 
