@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+from hang_guard import HANG_GUARD_S
+
 from keras_gpushare import cli
 
 
@@ -9,7 +11,7 @@ def test_console_script_help_runs():
         [sys.executable, "-m", "keras_gpushare.cli", "--help"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0
     assert "keras-gpushare" in result.stdout

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -28,7 +29,7 @@ def test_docs_build_strict(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-4000:]}"
     for page in ("index.html", "api/index.html", "autopack/index.html", "how-it-works/index.html"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from hang_guard import HANG_GUARD_S
 
 import keras_gpushare as kg
 
@@ -32,7 +33,7 @@ def _run(out: Path, *args: str, max_restarts: int = 0) -> int:
         [sys.executable, str(SCRIPT), "--out", str(out), *args],
         num_workers=2,
         max_restarts=max_restarts,
-        timeout=300,
+        timeout=HANG_GUARD_S,
         log_dir=out / "logs",
     )
 

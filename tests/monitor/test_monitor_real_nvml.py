@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import HANG_GUARD_S
 from monitor_helpers import join_monitor_threads, tiny_data, tiny_model
 
 from keras_gpushare.callbacks import UtilizationLogger
@@ -52,7 +53,7 @@ def run_without_tensorflow(code):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
 
 

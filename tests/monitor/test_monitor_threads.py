@@ -8,6 +8,7 @@ import textwrap
 import keras
 import pytest
 from fake_nvml import h100s
+from hang_guard import HANG_GUARD_S
 from monitor_helpers import join_monitor_threads, monitor_threads, tiny_data, tiny_model
 
 from keras_gpushare.callbacks import UtilizationLogger
@@ -103,7 +104,11 @@ def test_interpreter_exit_stops_a_running_sampler(tmp_path):
     )
     env = dict(os.environ, KERAS_BACKEND="jax")
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     assert "alive True" in result.stdout

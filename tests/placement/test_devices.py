@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hang_guard import HANG_GUARD_S
 from placement_models import data
 
 import keras_gpushare as kg
@@ -105,7 +106,7 @@ def test_share_gpu_carves_cpu_in_a_fresh_process():
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S, env=env
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["['/CPU:0', '/CPU:1', '/CPU:2']", "3"]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from hang_guard import HANG_GUARD_S
 
 import keras_gpushare as kg
 
@@ -24,7 +25,6 @@ def test_docstring_example_runs(obj, tmp_path, monkeypatch):
     exec(compile(code, f"<{obj.__name__} docstring>", "exec"), {})
 
 
-@pytest.mark.timeout(240)
 def test_the_first_example_of_the_tuner_page_runs_as_written(tmp_path):
     """KerasTuner's default verbose=1 with 4 trials per round prints every trial (item 12)."""
     page = (ROOT / "docs" / "tuner.md").read_text()
@@ -36,7 +36,7 @@ def test_the_first_example_of_the_tuner_page_runs_as_written(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout

@@ -5,6 +5,7 @@ import time
 
 import keras_tuner
 import pytest
+from hang_guard import HANG_GUARD_S
 
 import keras_gpushare as kg
 
@@ -35,7 +36,7 @@ def test_lock_is_released_when_the_oracle_raises(tmp_path):
     result = {}
     thread = threading.Thread(target=lambda: result.update(t=oracle.create_trial("t1")))
     thread.start()
-    thread.join(5)
+    thread.join(HANG_GUARD_S)
     assert not thread.is_alive(), "create_trial from another thread hung on a leaked lock"
     assert result["t"].status == "RUNNING"
 
@@ -58,7 +59,7 @@ def test_wait_for_trial_sleeps_until_a_trial_ends(tmp_path):
     got = {}
 
     def ask():
-        got["trial"] = oracle.wait_for_trial("t1", timeout=10)
+        got["trial"] = oracle.wait_for_trial("t1", timeout=HANG_GUARD_S)
 
     thread = threading.Thread(target=ask)
     thread.start()
@@ -68,7 +69,7 @@ def test_wait_for_trial_sleeps_until_a_trial_ends(tmp_path):
     oracle.update_trial(first.trial_id, {"loss": 0.5})
     first.status = "COMPLETED"
     oracle.end_trial(first)
-    thread.join(5)
+    thread.join(HANG_GUARD_S)
     assert got["trial"].status == "RUNNING"
     assert asks_while_waiting <= 3
 

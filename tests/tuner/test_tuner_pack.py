@@ -10,8 +10,6 @@ import tuner_helpers as th
 
 import keras_gpushare as kg
 
-pytestmark = pytest.mark.timeout(90)
-
 
 def _search(tmp_path, name, oracle=None, build=th.build_mlp, callbacks=None, **kwargs):
     tuner = kg.tuner.ParallelTuner(

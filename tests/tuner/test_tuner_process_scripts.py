@@ -10,12 +10,11 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 import tuner_helpers as th
+from hang_guard import HANG_GUARD_S
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-pytestmark = pytest.mark.timeout(240)
 
 UNGUARDED = textwrap.dedent(
     """
@@ -72,7 +71,11 @@ def test_unguarded_script_with_a_subclass_runs_in_workers_that_keep_it(tmp_path)
     script = tmp_path / "search.py"
     script.write_text(UNGUARDED.format(markers=str(markers), directory=str(tmp_path)))
     result = subprocess.run(
-        [sys.executable, str(script)], env=_env(), capture_output=True, text=True, timeout=220
+        [sys.executable, str(script)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     done = [line for line in result.stdout.splitlines() if line.startswith("SEARCH DONE")]
@@ -110,7 +113,7 @@ def test_a_script_on_standard_input_with_an_importable_hypermodel_runs(tmp_path)
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "STDIN DONE 2" in result.stdout
@@ -144,7 +147,7 @@ def test_a_hypermodel_defined_on_standard_input_fails_fast_naming_the_fix(tmp_pa
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode != 0
     assert "ValueError" in result.stderr

@@ -7,14 +7,13 @@ import sys
 
 import pytest
 import tuner_helpers as th
+from hang_guard import HANG_GUARD_S
 
 import keras_gpushare as kg
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "tuner_search_script.py")
 MAX_TRIALS = 6
-
-pytestmark = pytest.mark.timeout(150)
 
 
 def _completed_files(project: str) -> dict:
@@ -41,7 +40,7 @@ def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, poin
     killed = subprocess.run(
         [sys.executable, SCRIPT, str(tmp_path), executor, str(MAX_TRIALS), "2", point],
         env=env,
-        timeout=120,
+        timeout=HANG_GUARD_S,
         capture_output=True,
     )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
