@@ -6,10 +6,18 @@ and processes on other machines started with `KERASTUNER_ORACLE_IP`,
 `KERASTUNER_ORACLE_PORT` and a unique `KERASTUNER_TUNER_ID`. A worker process rebuilds the
 user's tuner (its class and arguments, sent by reference) and runs KerasTuner's worker loop;
 `_process_worker` is its entry point.
+
+KerasTuner's protocol sends a trial as a protocol buffer, which keeps neither the trial's
+message (the traceback of a failed trial) nor the order of its hyperparameters, their
+conditions or their space. Beside KerasTuner's service the chief serves
+`keras_gpushare.tuner.Trials`, which sends a trial whole (`Trial.get_state()` as JSON);
+`ChiefClient` uses it in this package's workers, and falls back to KerasTuner's own calls
+with a chief that lacks it (a plain KerasTuner chief).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -36,6 +44,8 @@ _IDLE_WAIT_S = 1.0  # how long the chief holds a CreateTrial while the oracle is
 _POLL_S = 0.2  # how often the chief checks its worker processes and the oracle
 _MAX_WORKER_DEATHS = 3  # deaths of one worker slot in a row (no trial ended) before it gives up
 _REMOTE_WAIT_LOG_S = 30.0
+_RPC_TIMEOUT_S = 60 * 60  # as KerasTuner's client: workers may start long before the chief
+_TRIALS_SERVICE = "keras_gpushare.tuner.Trials"
 WORKER_ENTRY = "keras_gpushare.tuner._process_worker"
 FATAL_EXIT_CODE = 80  # a worker's trial raised a `keras_tuner.errors.FatalError`
 
@@ -141,10 +151,82 @@ class _ChiefServicer(_upstream.oracle_servicer_class()):
     """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE."""
 
     def CreateTrial(self, request: Any, context: Any) -> Any:
-        trial = self.oracle.wait_for_trial(request.tuner_id, timeout=_IDLE_WAIT_S)
+        trial = self.next_trial(request.tuner_id)
+        return _upstream.kt_protos().get_service().CreateTrialResponse(trial=trial.to_proto())
+
+    def next_trial(self, tuner_id: str) -> trial_module.Trial:
+        trial = self.oracle.wait_for_trial(tuner_id, timeout=_IDLE_WAIT_S)
         if trial.status == TrialStatus.STOPPED:
             self.stop_triggered = True
-        return _upstream.kt_protos().get_service().CreateTrialResponse(trial=trial.to_proto())
+        return trial
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        """`keras_gpushare.tuner.Trials`: CreateTrial and EndTrial with whole trials."""
+
+        def create(request: bytes, context: Any) -> bytes:
+            trial = self.next_trial(json.loads(request)["tuner_id"])
+            return json.dumps(trial.get_state()).encode()
+
+        def end(request: bytes, context: Any) -> bytes:
+            self.oracle.end_trial(trial_module.Trial.from_state(json.loads(request)))
+            return b""
+
+        return grpc.method_handlers_generic_handler(
+            _TRIALS_SERVICE,
+            {
+                "CreateTrial": grpc.unary_unary_rpc_method_handler(create),
+                "EndTrial": grpc.unary_unary_rpc_method_handler(end),
+            },
+        )
+
+
+class ChiefClient:
+    """A worker's KerasTuner `OracleClient` that sends and receives trials whole.
+
+    Everything else is the wrapped client's. Against a chief without the
+    `keras_gpushare.tuner.Trials` service, it makes KerasTuner's own calls.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        address = f"{os.environ['KERASTUNER_ORACLE_IP']}:{os.environ['KERASTUNER_ORACLE_PORT']}"
+        channel = grpc.insecure_channel(address)
+        self._create = channel.unary_unary(f"/{_TRIALS_SERVICE}/CreateTrial")
+        self._end = channel.unary_unary(f"/{_TRIALS_SERVICE}/EndTrial")
+        self._whole = True
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "client":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.client, name)
+
+    def _call(self, method: Any, payload: dict) -> bytes | None:
+        if not self._whole:
+            return None
+        try:
+            return method(json.dumps(payload).encode(), wait_for_ready=True, timeout=_RPC_TIMEOUT_S)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._whole = False
+            return None
+
+    def create_trial(self, tuner_id: str) -> trial_module.Trial:
+        response = self._call(self._create, {"tuner_id": tuner_id})
+        if response is None:
+            return self.client.create_trial(tuner_id)
+        return trial_module.Trial.from_state(json.loads(response))
+
+    def end_trial(self, trial: trial_module.Trial) -> None:
+        if not self.client.should_report:
+            return
+        if self._call(self._end, trial.get_state()) is None:
+            self.client.end_trial(trial)
+
+
+def chief_client(oracle: Any) -> Any:
+    """`oracle` (a worker's `OracleClient`) as a `ChiefClient`; itself if it is one."""
+    return oracle if isinstance(oracle, ChiefClient) else ChiefClient(oracle)
 
 
 @dataclass
@@ -172,6 +254,7 @@ def _start_server(oracle: Any, bind: str, threads: int) -> tuple[grpc.Server, in
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
     servicer = _ChiefServicer(oracle)
     _upstream.kt_protos().get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers((servicer.handlers(),))
     try:
         port = server.add_insecure_port(bind)
     except RuntimeError as e:
@@ -233,11 +316,13 @@ def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
 
     tuner.on_search_begin()
     try:
+        if slots and _search_is_over(oracle, slots[0].tuner_id):
+            slots = []
         for slot in slots:
             start(slot)
         if slots:
             _supervise(oracle, slots, start, spec_path)
-        else:
+        elif not local:
             _serve_remote(oracle, servicer)
     finally:
         for slot in slots:
@@ -250,6 +335,17 @@ def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
     if oracle.fatal_error is not None:
         raise oracle.fatal_error
     tuner.on_search_end()
+
+
+def _search_is_over(oracle: Any, tuner_id: str) -> bool:
+    """Whether the oracle has no trial left to run (a finished project, reloaded).
+
+    Only when `max_trials` are made, the oracle is asked for a trial on behalf of the first
+    worker: STOPPED spares starting the workers; a trial to run again is that worker's.
+    """
+    if oracle.remaining_trials() != 0 or oracle.ongoing_trials:
+        return False
+    return oracle.create_trial(tuner_id).status == TrialStatus.STOPPED
 
 
 def _serve_remote(oracle: Any, servicer: Any) -> None:

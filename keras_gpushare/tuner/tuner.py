@@ -240,6 +240,10 @@ class ParallelTuner(keras_tuner.Tuner):
 
     def _search_as_worker(self, fit_args: tuple, fit_kwargs: dict) -> None:
         """A worker of a chief (KerasTuner's distributed tuning, or our processes)."""
+        from keras_gpushare.tuner import _process_executor
+
+        # Trials travel whole (message, hyperparameters in order) to a chief of this package.
+        self.oracle = _process_executor.chief_client(self.oracle)
         self.on_search_begin()
         if self.executor == "pack" and self._runs_alone() is None:
             self._search_rounds(fit_args, fit_kwargs, remote=True)
@@ -426,6 +430,8 @@ class ParallelTuner(keras_tuner.Tuner):
 
     def save(self) -> None:
         """Saves the oracle's and this tuner's state files atomically."""
+        if os.environ.get(WORKER_ENV):
+            return  # a local worker process has no state file: the project folder is KerasTuner's
         if not _upstream.is_worker(self):
             self.oracle.save()
         _state.write_json(_upstream.tuner_file(self), self.get_state())

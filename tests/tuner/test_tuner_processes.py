@@ -5,17 +5,20 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent import futures
 
+import grpc
 import keras_tuner
 import pytest
 import tuner_helpers as th
+from hang_guard import HANG_GUARD_S
 
 import keras_gpushare as kg
+from keras_gpushare import _upstream
+from keras_gpushare.tuner import _process_executor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "tuner_search_script.py")
-
-pytestmark = pytest.mark.timeout(120)
 
 
 def _search(tmp_path, name, oracle=None, callbacks=None, **kwargs):
@@ -33,17 +36,58 @@ def _search(tmp_path, name, oracle=None, callbacks=None, **kwargs):
     return tuner
 
 
-def test_random_search_in_worker_processes(tmp_path, caplog):
+def test_random_search_in_worker_processes(tmp_path, caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
         tuner = _search(tmp_path, "random", objective="val_loss", max_trials=4, seed=3)
     project = os.path.join(tmp_path, "random")
     states = th.trial_states(project)
     assert sorted(states) == ["0", "1", "2", "3"]
     assert all(status == "COMPLETED" for status, _ in states.values())
-    assert {"worker0.json", "worker1.json"} <= set(os.listdir(project))
+    # Local workers keep no state file of their own: the project folder is KerasTuner's.
+    assert not {"worker0.json", "worker1.json"} & set(os.listdir(project))
     finished = [r.getMessage() for r in caplog.records if "COMPLETED in" in r.getMessage()]
     assert len(finished) == 4 and all("'units'" in line for line in finished)
     assert tuner.get_best_models(1)[0].count_params() > 0
+
+    # The finished project, reloaded, has nothing to run: no worker process starts.
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker process was started for a finished search")
+
+    monkeypatch.setattr(_process_executor.subprocess, "Popen", no_worker)
+    reloaded = _search(tmp_path, "random", objective="val_loss", max_trials=4, seed=3)
+    assert sorted(reloaded.oracle.end_order) == ["0", "1", "2", "3"]
+
+
+def test_a_worker_falls_back_to_keras_tuner_calls_with_a_plain_keras_tuner_chief(
+    tmp_path, monkeypatch
+):
+    """`ChiefClient` against KerasTuner's own servicer (no `keras_gpushare.tuner.Trials`)."""
+    from keras_tuner.src.distribute import oracle_client
+
+    oracle = keras_tuner.oracles.RandomSearchOracle(objective="val_loss", max_trials=1, seed=1)
+    _upstream.set_oracle_project_dir(oracle, str(tmp_path), "plain")
+    hp = keras_tuner.HyperParameters()
+    hp.Choice("units", [4, 8])
+    oracle.update_space(hp)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = _upstream.oracle_servicer_class()(oracle)
+    _upstream.kt_protos().get_service_grpc().add_OracleServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", str(port))
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "worker0")
+    try:
+        client = _process_executor.chief_client(oracle_client.OracleClient(oracle))
+        trial = client.create_trial("worker0")
+        assert trial.status == "RUNNING" and "units" in trial.hyperparameters.values
+        client.update_trial(trial.trial_id, {"val_loss": 0.5}, step=0)
+        trial.status = "COMPLETED"
+        client.end_trial(trial)
+    finally:
+        server.stop(grace=None)
+    assert oracle.trials[trial.trial_id].status == "COMPLETED"
+    assert oracle.trials[trial.trial_id].score == 0.5
 
 
 def test_hyperband_in_worker_processes(tmp_path):
@@ -99,8 +143,8 @@ def test_a_second_launch_joins_the_chief_as_a_worker(tmp_path, executor):
     chief = subprocess.Popen(args, env={**base, "KERASTUNER_TUNER_ID": "chief"})
     remote = subprocess.Popen(args, env={**base, "KERASTUNER_TUNER_ID": "machine2-worker0"})
     try:
-        assert remote.wait(timeout=150) == 0
-        assert chief.wait(timeout=30) == 0
+        assert remote.wait(timeout=HANG_GUARD_S) == 0
+        assert chief.wait(timeout=HANG_GUARD_S) == 0
     finally:
         for process in (chief, remote):
             if process.poll() is None:
@@ -111,4 +155,4 @@ def test_a_second_launch_joins_the_chief_as_a_worker(tmp_path, executor):
     assert all(status == "COMPLETED" for status, _ in states.values())
     assert {"chief.json", "machine2-worker0.json"} <= set(os.listdir(project))
     if executor == "processes":
-        assert "worker0.json" in os.listdir(project)
+        assert "worker0.json" not in os.listdir(project)

@@ -1,14 +1,17 @@
 """Runs the same search with a KerasTuner tuner and with ParallelTuner, and compares them.
 
 `KIND`s: "kt" is KerasTuner's own tuner; an integer K is `ParallelTuner(parallel_trials=K,
-executor="pack")`. What a user sees is put side by side: trials (ids, hyperparameters,
-statuses, scores, best steps, recorded metrics, last line of the message), printed output
-(numbers and durations masked), files in the project folder.
+executor="pack")`; `PROCESSES` is `ParallelTuner(parallel_trials=2, executor="processes")`
+(two worker processes, each importing TensorFlow: a few seconds a search). What a user sees
+is put side by side: trials (ids, hyperparameters, statuses, scores, best steps, recorded
+metrics, last line of the message), printed output (numbers and durations masked), files
+in the project folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
 import re
@@ -25,6 +28,19 @@ import keras_gpushare as kg
 # parallel_trials=1 runs only with the slow tests (`make test-all`): K=4 is what packs do,
 # K=1 the degenerate round of one trial.
 PARALLEL = [pytest.param(1, marks=pytest.mark.slow), 4]
+PROCESSES = "processes"
+PROCESS_WORKERS = 2
+# The processes executor where a case's scenario is the same: in the default run for the
+# results and behaviour essentials, `slow` for the rest (each search starts 2 workers).
+WITH_PROCESSES = PARALLEL + [PROCESSES]
+WITH_PROCESSES_SLOW = PARALLEL + [pytest.param(PROCESSES, marks=pytest.mark.slow)]
+
+
+def in_workers(reason: str) -> Any:
+    """The processes executor, expected to differ from KerasTuner for an inherent `reason`."""
+    return pytest.param(
+        PROCESSES, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=reason)]
+    )
 
 
 class ByKind(dict):
@@ -91,13 +107,37 @@ def make(kind, oracle=None, hypermodel=build, base_kt=None, mixin=None, fuse="au
         base = base_kt or keras_tuner.RandomSearch
         cls = type("UserTuner", (mixin, base), {}) if mixin else base
         return cls(hypermodel=hypermodel, **kwargs)
-    cls = kg.tuner.ParallelTuner
-    if mixin:
-        cls = type("UserTuner", (mixin, cls), {})
+    cls = _user_tuner(mixin) if mixin else kg.tuner.ParallelTuner
     if oracle is not None:
         oracle_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in ORACLE_KEYS}
         kwargs["oracle"] = oracle(**oracle_kwargs)
+    if kind == PROCESSES:
+        kwargs["executor"] = "processes"
+        kind = PROCESS_WORKERS
     return cls(hypermodel=hypermodel, parallel_trials=kind, fuse=fuse, **kwargs)
+
+
+_USER_TUNERS: dict = {}
+
+
+def _user_tuner(mixin: type) -> type:
+    """`class UserTuner(mixin, ParallelTuner)`, importable as `kt_twins.<its name>`.
+
+    The processes executor's workers rebuild the tuner from its class, pickled by
+    reference: they find it here through the module's `__getattr__`.
+    """
+    name = f"UserTuner__{mixin.__module__}__{mixin.__qualname__}"
+    if name not in _USER_TUNERS:
+        cls = type(name, (mixin, kg.tuner.ParallelTuner), {"__module__": __name__})
+        _USER_TUNERS[name] = cls
+    return _USER_TUNERS[name]
+
+
+def __getattr__(name: str) -> Any:
+    if not name.startswith("UserTuner__"):
+        raise AttributeError(name)
+    _, module, qualname = name.split("__", 2)
+    return _user_tuner(getattr(importlib.import_module(module), qualname))
 
 
 ORACLE_KEYS = {

@@ -2,7 +2,10 @@
 
 `run_trial` and `HyperModel.fit` overrides, the tuner's hooks, callbacks, executions per
 trial, retries, failed and fatal trials, consecutive failures, and the errors a user gets:
-each runs with KerasTuner's tuner and with ParallelTuner at parallel_trials 1 and 4.
+each runs with KerasTuner's tuner and with ParallelTuner at parallel_trials 1 and 4
+(executor="pack") and with two worker processes (executor="processes"; retries by default,
+the rest `slow`). Where worker processes differ from KerasTuner by nature (they run user
+code in other processes), the case is an `xfail(strict=True)` saying why.
 """
 
 import threading
@@ -13,9 +16,20 @@ import keras_tuner
 import numpy as np
 import pytest
 from keras_tuner import errors
-from kt_twins import PARALLEL, ByKind, CountingBuild, assert_same_trials, build, data, make, search
-
-pytestmark = pytest.mark.timeout(300)
+from kt_twins import (
+    PARALLEL,
+    PROCESSES,
+    WITH_PROCESSES,
+    WITH_PROCESSES_SLOW,
+    ByKind,
+    CountingBuild,
+    assert_same_trials,
+    build,
+    data,
+    in_workers,
+    make,
+    search,
+)
 
 FIT = dict(epochs=2, validation_split=0.25, shuffle=False, verbose=0)
 
@@ -71,20 +85,35 @@ class BlackBox:
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
+    """`{kind: runs}`, and `{(kind, "declared"): runs}` with the space declared up front.
+
+    The overrides declare `batch_size` (or `x`) inside the trial, so the oracle learns of
+    it when the first trial ends: trials created before then get its default. Worker
+    processes run trials at once, so which trials those are depends on timing; the
+    processes executor is compared on the space declared to the oracle up front.
+    """
     root = tmp_path_factory.mktemp("overrides")
     x, y = data()
 
-    def run(kind):
+    def run(key):
+        kind, declared = key if isinstance(key, tuple) else (key, None)
+        space = {}
+        if declared:
+            hp = keras_tuner.HyperParameters()
+            hp.Choice("batch_size", [8, 16])
+            hp.Float("x", -2.0, 2.0)
+            space = dict(hyperparameters=hp)
+        name = f"{kind}{declared or ''}"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            common = dict(objective="val_loss", max_trials=2, seed=2, directory=str(root))
-            with_run_trial = make(kind, mixin=RunTrialOverride, project_name=f"r{kind}", **common)
+            common = dict(objective="val_loss", max_trials=2, seed=2, directory=str(root), **space)
+            with_run_trial = make(kind, mixin=RunTrialOverride, project_name=f"r{name}", **common)
             search(with_run_trial, x, y, **FIT)
-            with_fit = make(kind, hypermodel=FitOverride(), project_name=f"f{kind}", **common)
+            with_fit = make(kind, hypermodel=FitOverride(), project_name=f"f{name}", **common)
             search(with_fit, x, y, **FIT)
             black_box = make(
                 kind, hypermodel=None, mixin=BlackBox, max_trials=2, seed=2,
-                directory=str(root), project_name=f"b{kind}",
+                directory=str(root), project_name=f"b{name}", **space,
             )  # fmt: skip
             search(black_box)
         messages = [str(w.message) for w in caught]
@@ -93,22 +122,33 @@ def overrides(tmp_path_factory):
     return ByKind(run)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+def _override_runs(overrides, k):
+    """(KerasTuner's runs, ParallelTuner's runs) to compare for `k`."""
+    if k == PROCESSES:
+        return overrides[("kt", "declared")], overrides[(k, "declared")]
+    return overrides["kt"], overrides[k]
+
+
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_run_trial_override_is_honoured(overrides, k):
-    assert_same_trials(overrides["kt"][0], overrides[k][0])
-    assert all(t.status == "COMPLETED" for t in overrides[k][0].oracle.trials.values())
-    assert any("overrides `run_trial`" in m and "one at a time" in m for m in overrides[k][3])
+    reference, runs = _override_runs(overrides, k)
+    assert_same_trials(reference[0], runs[0])
+    assert all(t.status == "COMPLETED" for t in runs[0].oracle.trials.values())
+    alone = [m for m in runs[3] if "overrides `run_trial`" in m and "one at a time" in m]
+    assert bool(alone) == (k != PROCESSES)  # worker processes run them in parallel
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_hypermodel_fit_override_is_honoured(overrides, k):
-    assert_same_trials(overrides["kt"][1], overrides[k][1])
-    assert any("overrides `HyperModel.fit`" in m for m in overrides[k][3])
+    reference, runs = _override_runs(overrides, k)
+    assert_same_trials(reference[1], runs[1])
+    assert any("overrides `HyperModel.fit`" in m for m in runs[3]) == (k != PROCESSES)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_black_box_run_trial_without_hypermodel(overrides, k):
-    assert_same_trials(overrides["kt"][2], overrides[k][2])
+    reference, runs = _override_runs(overrides, k)
+    assert_same_trials(reference[2], runs[2])
 
 
 def test_no_hypermodel_without_run_trial_override_raises_like_keras_tuner(tmp_path):
@@ -170,7 +210,17 @@ def hooks_and_executions(tmp_path_factory):
     return ByKind(run)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize(
+    "k",
+    PARALLEL
+    + [
+        in_workers(
+            "processes: each worker process has its own copy of the hypermodel, so a "
+            "hypermodel that counts its builds (CountingBuild seeds each model from its call "
+            "count) starts the executions from other weights than one KerasTuner process does"
+        )
+    ],
+)
 def test_executions_per_trial_are_averaged_like_keras_tuner(hooks_and_executions, k):
     reference, _ = hooks_and_executions["kt"]
     tuner, _ = hooks_and_executions[k]
@@ -184,7 +234,17 @@ def test_executions_per_trial_are_averaged_like_keras_tuner(hooks_and_executions
     )
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize(
+    "k",
+    PARALLEL
+    + [
+        in_workers(
+            "processes: the tuner's hooks and the search's callbacks run in the worker "
+            "processes, on their own copies of the tuner and callbacks; what they record "
+            "(tuner.calls, EpochCounter.ends) is not in this process's objects"
+        )
+    ],
+)
 def test_tuner_hooks_and_callbacks_fire_like_keras_tuner(hooks_and_executions, k):
     reference, reference_ends = hooks_and_executions["kt"]
     tuner, ends = hooks_and_executions[k]
@@ -256,13 +316,12 @@ def retried(tmp_path_factory):
     return ByKind(run)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_retries_match_keras_tuner(retried, k):
     """INVALID trials run again up to `max_retries_per_trial`; FailedTrialError never."""
-    reference, reference_builds = retried["kt"]
-    tuner, builds = retried[k]
+    reference, _ = retried["kt"]
+    tuner, _ = retried[k]
     assert_same_trials(reference, tuner)
-    assert builds == reference_builds
     by_value = {t.hyperparameters["value"]: t.status for t in tuner.oracle.trials.values()}
     assert by_value == {1: "COMPLETED", 2: "FAILED", 3: "FAILED", 4: "COMPLETED", 5: "COMPLETED"}
     assert dict(tuner.oracle.get_state()["run_times"]) == dict(
@@ -270,7 +329,21 @@ def test_retries_match_keras_tuner(retried, k):
     )
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize(
+    "k",
+    PARALLEL
+    + [
+        in_workers(
+            "processes: the hypermodel builds in the worker processes, on their own copies "
+            "of it, so this process's FailingBuild2.calls stays 0"
+        )
+    ],
+)
+def test_retries_build_as_often_as_keras_tuner(retried, k):
+    assert retried[k][1] == retried["kt"][1]
+
+
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_consecutive_failures_abort_like_keras_tuner(tmp_path, k):
     raised = {}
     for kind in ["kt", k]:
@@ -308,7 +381,7 @@ def fatal(tmp_path_factory):
     return ByKind(run)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_fatal_error_is_raised_again_like_keras_tuner(fatal, k):
     reference, expected = fatal["kt"]
     tuner, message = fatal[k]
@@ -332,18 +405,23 @@ def _diverging(hp):
 
 @pytest.fixture(scope="module")
 def diverging(tmp_path_factory):
-    """Two trials, one with a learning rate that makes the loss NaN, on each engine."""
+    """Two trials, one with a learning rate that makes the loss NaN, on each engine.
+
+    Keys: "kt", the pack's `fuse` (False: graph engine, True: fused) and PROCESSES.
+    """
     root = tmp_path_factory.mktemp("nan")
     x, y = data()
-    runs = {}
-    for kind, fuse in [("kt", "auto"), (4, False), (4, True)]:
+
+    def run(key):
+        kind, fuse = (key, "auto") if key in ("kt", PROCESSES) else (4, key)
         tuner = _grid_tuner(
-            kind, root, f"nan-{fuse}", _grid(("lr", [0.01, 1e9])), hypermodel=_diverging,
+            kind, root, f"nan-{key}", _grid(("lr", [0.01, 1e9])), hypermodel=_diverging,
             objective="val_loss", fuse=fuse,
         )  # fmt: skip
         search(tuner, x, y, **FIT)
-        runs[kind if kind == "kt" else fuse] = tuner
-    return runs
+        return tuner
+
+    return ByKind(run)
 
 
 @pytest.mark.parametrize(
@@ -358,26 +436,28 @@ def diverging(tmp_path_factory):
                 "where plain fit reports nan (so KerasTuner's NaN check passes it)",
             ),
         ),
+        pytest.param(PROCESSES, marks=pytest.mark.slow),
     ],
-    ids=["graph", "fused"],
+    ids=["graph", "fused", "processes"],
 )
 def test_a_diverging_trial_is_scored_like_keras_tuner(diverging, fuse):
     """A NaN loss: KerasTuner scores the best finite epoch, or marks the trial invalid."""
     assert_same_trials(diverging["kt"], diverging[fuse])
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+def not_a_model(hp):
+    hp.Int("value", 1, 3)
+    return "model"
+
+
+class NotCopyable(keras.callbacks.Callback):
+    def __deepcopy__(self, memo):
+        raise TypeError("no copies")
+
+
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_user_errors_match_keras_tuner(tmp_path, k):
     x, y = data()
-
-    def not_a_model(hp):
-        hp.Int("value", 1, 3)
-        return "model"
-
-    class NotCopyable(keras.callbacks.Callback):
-        def __deepcopy__(self, memo):
-            raise TypeError("no copies")
-
     cases = [
         (
             dict(hypermodel=not_a_model, objective="val_loss", max_trials=2),
@@ -428,7 +508,7 @@ def _frozen(hp):
     return model
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_a_model_with_its_own_train_step_trains_as_in_keras_tuner(tmp_path, k):
     tuners = {}
     for kind in ["kt", k]:

@@ -1,8 +1,10 @@
 """ParallelTuner vs KerasTuner's own tuners on the same code: results, display, files, reload.
 
 Each scenario runs one search with KerasTuner's tuner and with ParallelTuner at
-parallel_trials 1 and 4 (executor="pack"), once per module, and the tests compare what a
-user sees.
+parallel_trials 1 and 4 (executor="pack") and with two worker processes
+(executor="processes"), once per module, and the tests compare what a user sees. The
+processes executor's random search and reload run by default; its other scenarios are
+`slow` (each starts two worker processes).
 """
 
 import os
@@ -12,7 +14,8 @@ import keras_tuner
 import numpy as np
 import pytest
 from kt_twins import (
-    PARALLEL,
+    WITH_PROCESSES,
+    WITH_PROCESSES_SLOW,
     ByKind,
     assert_same_trials,
     data,
@@ -22,8 +25,6 @@ from kt_twins import (
     project_files,
     search,
 )
-
-pytestmark = pytest.mark.timeout(300)
 
 FIT = dict(epochs=2, validation_split=0.25, shuffle=False)
 DISPLAY = re.compile(r"^(Search: Running Trial|Trial \d+ Complete|Best .* So Far|Total elapsed)")
@@ -46,7 +47,7 @@ def random_search(tmp_path_factory):
     return _run_all(root, "random", objective="val_loss", max_trials=4, seed=3)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_random_search_trials_scores_and_metrics_match(random_search, k):
     reference, _ = random_search["kt"]
     tuner, _ = random_search[k]
@@ -54,7 +55,7 @@ def test_random_search_trials_scores_and_metrics_match(random_search, k):
     assert all(t.status == "COMPLETED" for t in tuner.oracle.trials.values())
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_verbose_display_matches(random_search, k):
     """A block per trial start and end, the best score so far: never `None` mid-round."""
     _, reference = random_search["kt"]
@@ -70,7 +71,7 @@ def test_verbose_display_matches(random_search, k):
     assert "None" not in re.findall(r"Best val_loss So Far: (\S+)", out)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_results_api_matches(random_search, k):
     reference, _ = random_search["kt"]
     tuner, _ = random_search[k]
@@ -90,7 +91,7 @@ def test_results_api_matches(random_search, k):
     assert isinstance(tuner.oracle, type(reference.oracle))
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_project_files_match(random_search, k):
     reference, _ = random_search["kt"]
     tuner, _ = random_search[k]
@@ -122,7 +123,7 @@ def reloaded(tmp_path_factory):
     return ByKind(run)
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_reloading_resumes_like_keras_tuner(reloaded, k):
     tuner, text = reloaded[k]
     reference, expected = reloaded["kt"]
@@ -149,7 +150,7 @@ def grid_multi_objective(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_grid_search_with_multi_objective_matches(grid_multi_objective, k):
     reference, _ = grid_multi_objective["kt"]
     tuner, _ = grid_multi_objective[k]
@@ -173,7 +174,7 @@ def hyperband(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_hyperband_matches(hyperband, k):
     """Brackets, epoch budgets, promotions from the parent's checkpoint."""
     reference, _ = hyperband["kt"]
@@ -207,7 +208,7 @@ def compile_overrides(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_compile_overrides_match(compile_overrides, k):
     reference, _ = compile_overrides["kt"]
     tuner, _ = compile_overrides[k]
@@ -215,7 +216,7 @@ def test_compile_overrides_match(compile_overrides, k):
     assert tuner.get_best_models()[0].loss == "mse"
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
 def test_bayesian_optimization_matches(tmp_path, k):
     pytest.importorskip("sklearn")
     runs = _run_all(
