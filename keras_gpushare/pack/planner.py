@@ -81,11 +81,16 @@ def plan_engines(
     """
     n = len(members)
     tensorflow = keras.backend.backend() == "tensorflow"
+    shared = shared_weights(members)
+    if shared and not tensorflow:
+        raise ValueError(_shared_error(shared))
     plan = EnginePlan()
     if groups is not None:
-        _set_groups(plan, members, [tuple(g) for g in groups])
+        groups = [tuple(i for i in g if i not in shared) for g in groups]
+        _set_groups(plan, members, [g for g in groups if g])
         grouped = {i for g in plan.groups for i in g}
         plan.graph = tuple(i for i in range(n) if i not in grouped)
+        plan.reasons.update(shared)
     elif fuse is False:
         plan.graph = tuple(range(n))
         plan.reasons = {i: "fuse=False." for i in range(n)}
@@ -97,7 +102,7 @@ def plan_engines(
         plan.graph = tuple(range(n))
         plan.reasons = {i: f'data="{data}" runs on the graph engine.' for i in range(n)}
     else:
-        _group(members, plan, alone_on_graph=tensorflow and fuse == "auto")
+        _group(members, plan, alone_on_graph=tensorflow and fuse == "auto", shared=shared)
     if fuse is True and plan.graph:
         reasons = "; ".join(f"member {i}: {plan.reasons[i]}" for i in plan.graph)
         raise ValueError(f"Invalid value for argument `fuse`: True, but {reasons}\n{plan}")
@@ -133,58 +138,173 @@ def _set_groups(
         plan.waste.append(waste)
 
 
-def _group(members: Sequence[keras.Model], plan: EnginePlan, alone_on_graph: bool) -> None:
+def shared_weights(members: Sequence[keras.Model]) -> dict[int, str]:
+    """The members that share a layer or a weight with another member, and what they share.
+
+    Two members holding one layer object (a shared embedding or encoder, tied weights) do
+    not train as two fits with copies of it: the fused engine would stack a copy for each
+    member, so such members train on the graph engine, which updates the one object.
+
+    Returns:
+        For each member that shares, a sentence naming what it shares and with whom.
+    """
+    owners: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for i, member in enumerate(members):
+        for layer in {id(layer): layer for layer in member.layers if layer.weights}.values():
+            owners.setdefault(id(layer), []).append(i)
+            names[id(layer)] = f"layer `{layer.name}`"
+    in_shared_layers = {
+        id(variable)
+        for i, member in enumerate(members)
+        for layer in member.layers
+        if len(owners.get(id(layer), ())) > 1
+        for variable in layer.weights
+    }
+    for i, member in enumerate(members):
+        for variable in {id(v): v for v in member.weights}.values():
+            if id(variable) not in in_shared_layers:
+                owners.setdefault(id(variable), []).append(i)
+                names[id(variable)] = f"weight `{variable.path}`"
+    found: dict[int, list[str]] = {}
+    for key, ids in owners.items():
+        if len(ids) < 2:
+            continue
+        for i in ids:
+            others = ", ".join(str(j) for j in ids if j != i)
+            found.setdefault(i, []).append(f"{names[key]} with member {others}")
+    return {
+        i: (
+            f"it shares {'; '.join(what)}: the fused engine would give each member its own "
+            "copy, so members that share layers train on the graph engine (each step updates "
+            "the shared weights member after member, as interleaved fits)."
+        )
+        for i, what in sorted(found.items())
+    }
+
+
+def _shared_error(shared: dict[int, str]) -> str:
+    ids = ", ".join(str(i) for i in shared)
+    first = next(iter(shared))
+    what = shared[first].split(":")[0].removeprefix("it shares ")
+    return (
+        f"Invalid value for argument `members`: members {ids} share layers (member {first} "
+        f"shares {what}). A ModelPack trains each member as its own fit, and on the "
+        f"{keras.backend.backend()!r} backend every member must fuse, but the fused engine "
+        "stacks a copy of each member's weights and would untie a shared layer. Give each "
+        "member its own layers, or make the models that share a layer one member (one "
+        "Functional model with all their outputs, trained on the sum of its losses), or use "
+        "the TensorFlow backend, whose graph engine trains members that share layers."
+    )
+
+
+def _group(
+    members: Sequence[keras.Model],
+    plan: EnginePlan,
+    alone_on_graph: bool,
+    shared: dict[int, str],
+) -> None:
     """Fills `plan` with fused groups of members that fuse together, and the rest.
 
     Members with the same skeleton (the same calls, sizes and depths aside) are inspected
-    together; when they fuse, the cost model (`fusion.cost`) splits them into the groups
-    that take the least estimated time, merging members of equal sizes first. Members that
-    do not fuse as a whole are grouped by exact architecture instead.
+    together; those that do not fuse as a whole are split into sets that do
+    (`_fusable_sets`), so one odd member forms its own group and leaves the rest fused.
+    Within a set, the cost model (`fusion.cost`) splits the members into the groups that
+    take the least estimated time, merging members of equal sizes first. Members in
+    `shared` (they share layers) go to the graph engine.
     """
     classes: dict[Any, list[int]] = {}
     for i, member in enumerate(members):
+        if i in shared:
+            continue
         graph, _ = member_graph(member)
         key = ("alone", i) if graph is None else template.skeleton(graph)
         classes.setdefault(key, []).append(i)
-    graph_members = []
-    for ids in classes.values():
-        report, fusion_plan = inspect_members([members[i] for i in ids])
-        costs = None
-        if report.fusable:
-            costs = cost.GroupCosts(fusion_plan)
-            exact: dict[Any, list[int]] = {}
-            for position, i in enumerate(ids):
-                exact.setdefault(fusion_signature(members[i]), []).append(position)
-            parts = [[ids[p] for p in part] for part in cost.partition(costs, exact.values())]
-        else:
-            parts = _exact_classes(members, ids)
-        for part in parts:
-            part = _ordered(part, members, ids, costs)
-            part_report, part_plan = report, fusion_plan
-            if part != list(ids):
-                part_report, part_plan = inspect_members([members[i] for i in part])
-            if not part_report.fusable:
-                reason = _first_reason(part_report, part)
-                graph_members.extend(part)
-                plan.reasons.update({i: reason for i in part})
-            elif len(part) == 1 and alone_on_graph:
-                graph_members.extend(part)
-                plan.reasons[part[0]] = (
-                    "it fuses with no other member (fuse=True forces a fused group of one)"
-                    + (
-                        "."
-                        if report.fusable
-                        else f"; with the others: {_first_reason(report, ids)}"
-                    )
-                )
+    graph_members = list(shared)
+    plan.reasons.update(shared)
+    for class_ids in classes.values():
+        for ids, report, fusion_plan, why_alone in _fusable_sets(members, class_ids):
+            costs = None
+            if report.fusable:
+                costs = cost.GroupCosts(fusion_plan)
+                exact: dict[Any, list[int]] = {}
+                for position, i in enumerate(ids):
+                    exact.setdefault(fusion_signature(members[i]), []).append(position)
+                parts = [[ids[p] for p in part] for part in cost.partition(costs, exact.values())]
             else:
-                part_report.member_ids = list(part)
-                plan.groups.append(tuple(part))
-                plan.reports.append(part_report)
-                plan.fusion_plans.append(part_plan)
-                positions = [ids.index(i) for i in part]
-                plan.waste.append(0.0 if costs is None else costs.waste(positions))
+                parts = [ids]
+            for part in parts:
+                part = _ordered(part, members, ids, costs)
+                part_report, part_plan = report, fusion_plan
+                if part != list(ids):
+                    part_report, part_plan = inspect_members([members[i] for i in part])
+                if not part_report.fusable:
+                    reason = _first_reason(part_report, part)
+                    graph_members.extend(part)
+                    plan.reasons.update({i: reason for i in part})
+                elif len(part) == 1 and alone_on_graph:
+                    graph_members.extend(part)
+                    plan.reasons[part[0]] = (
+                        "it fuses with no other member (fuse=True forces a fused group of one)"
+                        + (f"; with the others: {why_alone}" if why_alone else ".")
+                    )
+                else:
+                    part_report.member_ids = list(part)
+                    plan.groups.append(tuple(part))
+                    plan.reports.append(part_report)
+                    plan.fusion_plans.append(part_plan)
+                    positions = [ids.index(i) for i in part]
+                    plan.waste.append(0.0 if costs is None else costs.waste(positions))
     plan.graph = tuple(sorted(graph_members))
+
+
+def _fusable_sets(members: Sequence[keras.Model], ids: list[int]) -> list[tuple]:
+    """`ids` split into sets of members that fuse together, as few as it can find.
+
+    Returns `(set, report, fusion plan, why alone)` for each set: the members' report and
+    plan, and for a set of one in a class of several, why it does not fuse with the largest
+    other set (`None` otherwise). A member that does not fuse even alone is a set of one with an
+    unfusable report.
+
+    Members with the same calls and connections, sizes and per-member values aside
+    (`template.padded_signature`), usually fuse; such a class is tried as a whole. Then
+    each class joins the first set whose first member it fuses with, when the set and the
+    class fuse as a whole; a class that does not fuse within itself is split member by
+    member the same way. Each join is checked on the whole set, so the sets always fuse.
+    """
+    report, fusion_plan = inspect_members([members[i] for i in ids])
+    if report.fusable or len(ids) == 1:
+        return [(list(ids), report, fusion_plan, None)]
+    classes: dict[Any, list[int]] = {}
+    for i in ids:
+        classes.setdefault(template.padded_signature(member_graph(members[i])[0]), []).append(i)
+    units: list[list[int]] = []
+    for class_ids in classes.values():
+        if len(class_ids) == 1 or inspect_members([members[i] for i in class_ids])[0].fusable:
+            units.append(class_ids)
+        else:
+            units.extend([i] for i in class_ids)
+    sets: list[list[int]] = []
+    for unit in units:
+        for joined in sets:
+            if inspect_members([members[joined[0]], members[unit[0]]])[0].fusable and (
+                inspect_members([members[i] for i in joined + unit])[0].fusable
+            ):
+                joined.extend(unit)
+                break
+        else:
+            sets.append(list(unit))
+    result = []
+    for found in sets:
+        found.sort()
+        found_report, found_plan = inspect_members([members[i] for i in found])
+        why_alone = None
+        if len(found) == 1 and len(sets) > 1 and found_report.fusable:
+            largest = max((other for other in sets if other is not found), key=len)
+            pair = [largest[0], found[0]]
+            why_alone = _first_reason(inspect_members([members[i] for i in pair])[0], pair)
+        result.append((found, found_report, found_plan, why_alone))
+    return result
 
 
 def _ordered(
@@ -215,15 +335,6 @@ def _optimizer_family(member: keras.Model) -> str:
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer
     return "" if optimizer is None else type(optimizer).__name__
-
-
-def _exact_classes(members: Sequence[keras.Model], ids: Sequence[int]) -> list[list[int]]:
-    """`ids` split by exact architecture (`fusion_signature`)."""
-    exact: dict[Any, list[int]] = {}
-    for i in ids:
-        signature = fusion_signature(members[i])
-        exact.setdefault(("alone", i) if signature is None else signature, []).append(i)
-    return list(exact.values())
 
 
 def _first_reason(report: Any, ids: Sequence[int]) -> str:

@@ -118,13 +118,25 @@ def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight:
 
 
 def _regularized_parts(fused: Any, members: Sequence[keras.Model]) -> list:
-    """`(fused_variable, [(member, index)])` for every stacked weight with a regularizer."""
+    """`(fused_variable, [(member, index, regularizer)])` for every stacked weight that a
+    member regularizes.
+
+    Each member's own regularizer of its own weight, as Keras applies it in that member's
+    `fit` (to its trainable weights only), whatever the other members use: strengths are
+    per-member data, and a member without a regularizer adds nothing.
+    """
+    trainable = [{id(v) for v in member.trainable_weights} for member in members]
     result = []
     for variable, parts in fused.member_variable_map(members):
-        if getattr(variable, "regularizer", None) is None:
-            continue
-        owned = [(j, index) for j, (own, index) in enumerate(parts) if own is not None]
-        result.append((variable, owned))
+        owned = [
+            (j, index, own.regularizer)
+            for j, (own, index) in enumerate(parts)
+            if own is not None
+            and getattr(own, "regularizer", None) is not None
+            and id(own) in trainable[j]
+        ]
+        if owned:
+            result.append((variable, owned))
     return result
 
 
@@ -231,19 +243,20 @@ class FusedEngine(Engine):
     def _penalties(self) -> Any:
         """Every member's regularization penalty, shape (k,): what Keras adds to its loss.
 
-        Each member's regularizers act on its own part of the stacked weights (padding
-        left out), so a member's logged loss includes its own penalty, as in plain `fit`.
+        Each member's own regularizers act on its own part of the stacked weights (padding
+        left out), so a member's logged loss includes its own penalty, as in plain `fit`,
+        whatever strengths the other members use.
         """
         terms = [[] for _ in self.members]
         for variable, parts in self._regularized:
             value = ops.convert_to_tensor(variable)
-            for j, index in parts:
+            for j, index, regularizer in parts:
                 part = value[j]
                 if index is not None:
                     for axis, positions in enumerate(index):
                         if positions is not None:
                             part = ops.take(part, positions, axis=axis)
-                terms[j].append(ops.cast(variable.regularizer(part), "float32"))
+                terms[j].append(ops.cast(regularizer(part), "float32"))
         return ops.stack([ops.sum(ops.stack(t)) if t else ops.zeros(()) for t in terms])
 
     def loss(

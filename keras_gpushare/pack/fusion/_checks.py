@@ -32,13 +32,54 @@ def unsupported_options(config, keys=()):
 
 
 def regularizer(config, key):
-    """Return the regularizer stored under `key` in a member config, or `None`.
+    """Return the regularizer of a stacked weight from a fused layer's config, or `None`.
 
-    Applied to a stacked weight, an additive regularizer (L1, L2) gives the sum of the
-    members' penalties, the penalty of the summed member losses.
+    Members' values of `key` may differ (`config["per_member"][key]`, `None` for a member
+    with none): the result applies each member's own regularizer to its slice of the
+    stacked weight and sums the penalties. One regularizer for all members is returned as
+    it is: applied to a stacked weight, an additive regularizer (L1, L2) gives that sum too.
+    The pack's fused engine adds each member's penalty to that member's loss itself, from
+    the member's own weights' regularizers; this one is what the fused model's `losses`
+    hold.
     """
-    value = config.get(key)
-    return None if value is None else keras.regularizers.get(value)
+    values = config.get("per_member", {}).get(key)
+    if values is None:
+        value = config.get(key)
+        return None if value is None else keras.regularizers.get(value)
+    if all(v is None for v in values):
+        return None
+    if all(v == values[0] for v in values):
+        return keras.regularizers.get(values[0])
+    return MemberRegularizers([None if v is None else keras.regularizers.get(v) for v in values])
+
+
+class MemberRegularizers(keras.regularizers.Regularizer):
+    """The members' own regularizers on a stacked weight: member `i`'s on slice `i`.
+
+    Args:
+        regularizers: one regularizer (or `None`) per member.
+    """
+
+    def __init__(self, regularizers):
+        self.regularizers = list(regularizers)
+
+    def __call__(self, x):
+        terms = [reg(x[i]) for i, reg in enumerate(self.regularizers) if reg is not None]
+        return keras.ops.sum(keras.ops.stack(terms))
+
+    def get_config(self):
+        return {
+            "regularizers": [
+                None if reg is None else keras.regularizers.serialize(reg)
+                for reg in self.regularizers
+            ]
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(
+            [None if reg is None else keras.regularizers.get(reg) for reg in config["regularizers"]]
+        )
 
 
 def has_accelerator():

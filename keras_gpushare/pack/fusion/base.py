@@ -35,6 +35,12 @@ class FusedLayer(keras.layers.Layer):
     - `per_member_keys` (class attribute, optional): config keys whose values may differ
       between members (a dropout rate, say). The converter then lets them differ and
       passes every member's value in `member_config["per_member"][key]`, a list of N.
+    - `regularizer_keys` (class attribute, optional): the config keys of the weight
+      regularizers (`kernel_regularizer`, ...), whose strengths may differ between
+      members (a member without one has strength 0). They arrive in
+      `member_config["per_member"]` too; pass `regularizer(self.member_config, key)` from
+      `_checks` to `add_weight`. The pack adds each member's own penalty, computed on its
+      own part of the stacked weight, to that member's loss.
     - `member_state` (class attribute, optional): names of non-trainable weights that a
       training call updates (BatchNormalization's moving statistics). A member that is not
       training (stopped early, frozen) keeps its slice of them unchanged, as its own
@@ -102,6 +108,7 @@ class FusedLayer(keras.layers.Layer):
 
     per_member_keys = ()
     size_keys = ()
+    regularizer_keys = ()
     passes_layout = False
     skippable = False
     computes_present_only = False
@@ -113,6 +120,11 @@ class FusedLayer(keras.layers.Layer):
         self.n_members = int(n_members)
         self.member_config = dict(member_config)
         self.input_stacked = input_stacked
+
+    @classmethod
+    def member_keys(cls):
+        """The config keys whose values may differ between the members of a fused layer."""
+        return (*cls.per_member_keys, *cls.size_keys, *cls.regularizer_keys)
 
     @classmethod
     def unsupported_reason(cls, member_config):
@@ -154,7 +166,7 @@ class FusedLayer(keras.layers.Layer):
         inputs. Override when the fused class needs more than `layer.get_config()`.
         """
         config = layer.get_config()
-        keys = (*cls.per_member_keys, *cls.size_keys)
+        keys = cls.member_keys()
         if keys and member_layers:
             configs = [None if m is None else m.get_config() for m in member_layers]
             config["per_member"] = {k: [None if c is None else c[k] for c in configs] for k in keys}

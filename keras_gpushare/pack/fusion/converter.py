@@ -106,7 +106,8 @@ def fusion_signature(model):
     """A hashable summary that is equal for models that can fuse together, or `None`.
 
     Layer types, the configurations fusion compares (names, initializers, seeds and
-    per-member keys such as a dropout rate left out) and input shapes, in graph order.
+    per-member keys such as a dropout rate or a regularizer's strength left out) and input
+    shapes, in graph order.
     Grouping models by it (as the parallel tuner does) puts fusable ones together; the
     `fusion_report` of a group still has the last word.
     """
@@ -117,7 +118,11 @@ def fusion_signature(model):
     for node in graph.nodes:
         layer = node.operation
         fused_class = registry.fused_form(type(layer))
-        keys = fused_class.per_member_keys if fused_class is not None else ()
+        keys = (
+            (*fused_class.per_member_keys, *fused_class.regularizer_keys)
+            if fused_class is not None
+            else ()
+        )
         config = comparable_config(layer.get_config(), keys)
         shapes = tuple(tuple(x.shape) for x in node.input_tensors)
         signature.append((type(layer).__name__, repr(sorted(config.items())), shapes))
@@ -140,7 +145,7 @@ def comparable_config(config, per_member_keys=()):
         and not key.endswith("_initializer")
     }
     if "dtype" in result:
-        result["dtype"] = keras.DTypePolicy(_policy_name(result["dtype"])).name
+        result["dtype"] = keras.DTypePolicy(_policy_name(config["dtype"])).name
     return result
 
 
@@ -187,7 +192,7 @@ def node_problem(nodes):
             "`keras_gpushare.register_fused_layer`",
             None,
         )
-    keys = (*fused_class.per_member_keys, *fused_class.size_keys)
+    keys = fused_class.member_keys()
     for _, other in present:
         reason = fused_class.unsupported_reason(other.operation.get_config())
         if reason:

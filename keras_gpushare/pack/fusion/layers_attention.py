@@ -49,6 +49,7 @@ class FusedMultiHeadAttention(FusedLayer):
     ```
     """
 
+    regularizer_keys = ("kernel_regularizer", "bias_regularizer")
     handles_masks = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):

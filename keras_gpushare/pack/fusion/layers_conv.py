@@ -60,6 +60,7 @@ class FusedConv(FusedLayer):
 
     size_keys = ("filters",)
     per_member_keys = ("activation", "use_bias")
+    regularizer_keys = ("kernel_regularizer", "bias_regularizer")
     skippable = True
 
     def __init__(
@@ -364,6 +365,7 @@ class FusedDepthwiseConv2D(FusedLayer):
         self.use_bias = any(self.member_bias)
 
     per_member_keys = ("activation", "use_bias")
+    regularizer_keys = ("depthwise_regularizer", "bias_regularizer")
 
     @classmethod
     def unsupported_reason(cls, member_config):

@@ -46,6 +46,7 @@ class FusedDense(FusedLayer):
     handles_masks = True
     size_keys = ("units",)
     per_member_keys = ("activation", "use_bias")
+    regularizer_keys = ("kernel_regularizer", "bias_regularizer")
     skippable = True
     computes_present_only = True
 
@@ -218,6 +219,7 @@ class FusedEmbedding(FusedLayer):
 
     handles_masks = True
     size_keys = ("output_dim",)
+    regularizer_keys = ("embeddings_regularizer",)
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)

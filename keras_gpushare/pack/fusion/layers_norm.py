@@ -20,6 +20,7 @@ class _FusedNormalization(FusedLayer):
     zero, so the padded outputs stay zero.
     """
 
+    regularizer_keys = ("gamma_regularizer", "beta_regularizer")
     passes_layout = True
     skippable = True
 

@@ -30,6 +30,7 @@ class _FusedRNN(FusedLayer):
     `_projection_bias` and `_step_function`.
     """
 
+    regularizer_keys = ("kernel_regularizer", "recurrent_regularizer", "bias_regularizer")
     gates = 1
     state_count = 1
     handles_masks = True

@@ -116,7 +116,7 @@ def _token(node: Any) -> Any:
     """What must be equal for two calls to be one template call (sizes left out)."""
     layer = node.operation
     fused_class = registry.fused_form(type(layer))
-    keys = () if fused_class is None else (*fused_class.per_member_keys, *fused_class.size_keys)
+    keys = () if fused_class is None else fused_class.member_keys()
     config = comparable_config(layer.get_config(), keys)
     shape = tuple(node.input_tensors[0].shape[1:-1]) if node.input_tensors else ()
     return type(layer).__name__, repr(sorted(config.items())), shape
@@ -219,3 +219,15 @@ def skeleton(graph: Any) -> Any:
         return "chain", ends, tuple(_token(node) for node in chain if not _skippable(node))
     calls = tuple((_token(node), _connections(graph, node)) for node in graph.nodes)
     return "graph", ends, calls
+
+
+def padded_signature(graph: Any) -> Any:
+    """A summary equal for members whose calls and connections all agree but for the
+    values that may differ between fused members (sizes, activations, regularizers).
+
+    Members with equal signatures usually fuse together; the planner tries them as one
+    class before it splits members that do not fuse as a whole.
+    """
+    functional = graph.functional
+    ends = tuple((tuple(x.shape), str(x.dtype)) for x in [*functional.inputs, *functional.outputs])
+    return ends, tuple((_token(node), _connections(graph, node)) for node in graph.nodes)

@@ -221,8 +221,13 @@ def test_report_reasons():
     assert fusion_report([relu, tanh]).fusable
     longer = keras.Sequential([keras.Input((4,)), layers.Dense(2, activation="tanh")])
     assert "member 1 has different inputs" in str(fusion_report([relu, longer]))
-    bias = keras.Sequential([keras.Input((3,)), layers.Dense(2, kernel_regularizer="l2")])
-    assert "config differs in member 1: kernel_regularizer" in str(fusion_report([relu, bias]))
+    # Regularizer strengths are per-member data (test_fused_regularizers.py); other
+    # configuration values must agree.
+    penalized = keras.Sequential([keras.Input((3,)), layers.Dense(2, kernel_regularizer="l2")])
+    assert fusion_report([relu, penalized]).fusable
+    half = layers.Dense(2, activation="relu", dtype="bfloat16")
+    half = keras.Sequential([keras.Input((3,)), half])
+    assert "config differs in member 1: dtype" in str(fusion_report([relu, half]))
 
     other_type = keras.Sequential([keras.Input((3, 4)), layers.Flatten(), layers.Dense(2)])
     other = keras.Sequential(
