@@ -134,6 +134,14 @@ def epoch_iterator_element_spec(iterator: Any) -> Any:
     return None if dataset is None else dataset.element_spec
 
 
+def print_msg(message: str) -> None:
+    """Prints a line as Keras's progress bar does (to stdout, or to absl logging when
+    interactive logging is off): `keras.src.utils.io_utils.print_msg`."""
+    from keras.src.utils import io_utils
+
+    io_utils.print_msg(message)
+
+
 def reinitialize_variable(variable: keras.Variable, value: Any) -> None:
     """Replaces the backend variable behind a Keras variable (TensorFlow: a new
     `tf.Variable`, e.g. on another device): `_initialize`."""

@@ -244,6 +244,12 @@ def test_epoch_iterator_element_spec_describes_the_batches_of_a_tensorflow_itera
     ]
 
 
+@covers("print_msg")
+def test_print_msg_prints_as_keras_progress_bars_do(capsys):
+    _upstream.print_msg("m0 - loss: 0.5")
+    assert capsys.readouterr().out == "m0 - loss: 0.5\n"
+
+
 @covers("model_supports_jit")
 def test_model_supports_jit_is_a_boolean():
     assert _upstream.model_supports_jit(functional()) in (True, False)

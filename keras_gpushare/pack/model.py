@@ -17,6 +17,8 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack import _batch_calls, _compile_args, chief, replicas
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack._progress import PackProgbar
+from keras_gpushare.pack._summary import member_params, pack_summary
 from keras_gpushare.pack.engines.base import Engine, EngineOptions
 from keras_gpushare.pack.engines.fused import FusedEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
@@ -215,6 +217,48 @@ class ModelPack(keras.Model):
         """Each member's state: `"active"`, `"frozen:nan"`, `"stopped:early"`, `"failed"`."""
         codes = keras.ops.convert_to_numpy(self._status.value)
         return [STATUS_NAMES[int(c)] for c in codes]
+
+    def count_params(self) -> int:
+        """The members' own parameters, as N separate models hold them.
+
+        The fused engine's stacked weights hold more (members padded to the widest), which
+        `summary()` shows; a layer two members share is counted once.
+        """
+        return member_params(self._members)
+
+    def summary(
+        self,
+        line_length: int | None = None,
+        positions: Sequence[float] | None = None,
+        print_fn: Callable[..., Any] | None = None,
+        expand_nested: bool = False,
+        show_trainable: bool = False,
+        layer_range: Sequence[str] | None = None,
+    ) -> None:
+        """Prints one row per member: its model, where it trains, output shape, parameters,
+        optimizer and status; with `expand_nested=True`, each member's own `summary()` after
+        it (given the other arguments, as `keras.Model.summary` takes them)."""
+        places = []
+        fused = [e for e in self._engines if isinstance(e, FusedEngine)]
+        for i in range(len(self._members)):
+            engine, _ = self._locate(i)
+            if isinstance(engine, FusedEngine):
+                places.append(f"fused group {fused.index(engine)} ({len(engine.member_ids)})")
+            else:
+                places.append("graph engine")
+        pack_summary(
+            self.name,
+            self.members,
+            places,
+            self.status,
+            stored=int(sum(np.prod(v.shape) for v in self.trainable_weights)),
+            print_fn=print_fn,
+            expand_nested=expand_nested,
+            line_length=line_length,
+            positions=positions,
+            show_trainable=show_trainable,
+            layer_range=layer_range,
+        )
 
     def stop_member(self, index: int) -> None:
         """Stops training member `index` (its weights stay as they are now)."""
@@ -703,8 +747,17 @@ class ModelPack(keras.Model):
             self._check_labels(x, y)
         return_dict = kwargs.pop("return_dict", False)
         counts = [_argument("evaluate", "steps", x, y, args, kwargs)]
-        with self._steps_for(kwargs.get("callbacks"), counts):
-            logs = super().evaluate(x, y, *args, return_dict=True, **kwargs)
+        verbose = _argument("evaluate", "verbose", x, y, args, kwargs)
+        callbacks = kwargs.pop("callbacks", None)
+        with self._steps_for(callbacks, counts):
+            logs = super().evaluate(
+                x,
+                y,
+                *args,
+                return_dict=True,
+                callbacks=self._with_progress_bar(callbacks, verbose),
+                **kwargs,
+            )
         if return_dict:
             return logs
         names = self.metrics_names
@@ -874,11 +927,24 @@ class ModelPack(keras.Model):
             "fit", "validation_split", x, y, args, kwargs
         ):
             counts.append(_argument("fit", "validation_steps", x, y, args, kwargs))
+        verbose = _argument("fit", "verbose", x, y, args, kwargs)
         with self._steps_for(callbacks, counts):
-            history = super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+            history = super().fit(
+                x, y, *args, callbacks=self._with_progress_bar(callbacks, verbose), **kwargs
+            )
         if all(m.built for m in self._members):
             self.built = True
         return history
+
+    def _with_progress_bar(self, callbacks: Any, verbose: Any) -> Any:
+        """`callbacks` with `PackProgbar` in place of Keras's default progress bar: batch
+        counts as a plain `fit` shows them and members in order (see `_progress`)."""
+        if isinstance(callbacks, keras.callbacks.CallbackList) or verbose == 0:
+            return callbacks
+        callbacks = list(tree.flatten(callbacks or []))
+        if not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
+            callbacks.append(PackProgbar(len(self._members)))
+        return callbacks
 
     def _check_shardable(self, x: Any) -> None:
         leaves = [] if x is None else tree.flatten(x)
@@ -906,8 +972,12 @@ class ModelPack(keras.Model):
         """
         self._check_inputs(x)
         counts = [_argument("predict", "steps", x, None, args, kwargs)]
-        with self._steps_for(kwargs.get("callbacks"), counts):
-            outputs = super().predict(x, *args, **kwargs)
+        verbose = _argument("predict", "verbose", x, None, args, kwargs)
+        callbacks = kwargs.pop("callbacks", None)
+        with self._steps_for(callbacks, counts):
+            outputs = super().predict(
+                x, *args, callbacks=self._with_progress_bar(callbacks, verbose), **kwargs
+            )
         if not stack:
             return outputs
         shapes = {tuple(np.shape(o)) for o in outputs}
