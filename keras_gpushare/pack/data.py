@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -224,3 +226,271 @@ def _sparse_classes(member: keras.Model) -> tuple[int | None, int | None]:
         return None, None
     classes = member.outputs[0].shape[-1]
     return (int(classes), ignore) if classes else (None, None)
+
+
+def check_member_inputs(x: Any, members: Sequence[keras.Model]) -> None:
+    """Raises, naming the member, when a member's layers cannot take the inputs `x`.
+
+    `x` holds arrays, tensors or a dataset's `tf.TensorSpec`s. A member is checked only
+    where `x` has a shape its `keras.Input` does not (a known size differs, or the rank),
+    and only refused when its own layers then fail on that shape, as they would in its own
+    `fit`: a member whose layers take any size is left to Keras.
+    """
+    for i, member in enumerate(members):
+        inputs = _member_inputs_or_none(member)
+        if inputs is None:
+            continue
+        given = member_inputs(x, member)
+        for argument, leaf, expected in _paired_inputs(given, inputs):
+            if isinstance(x, dict) and not isinstance(given, dict):
+                argument = f"`x[{expected.name!r}]`"
+            shape = _dense_shape(leaf)
+            reference = tuple(expected.shape)
+            if shape is None or not _differs(shape, reference):
+                continue
+            call = functools.partial(member.call, training=False)
+            failure = _trace_failure(call, tree.map_structure(_symbolic, given))
+            if failure is None:
+                break
+            raise ValueError(
+                f"Invalid inputs for member {i} ({member.name}): argument {argument} has "
+                f"shape {shape}, but the member's `keras.Input` there has shape {reference} "
+                "(None: any size). Pass inputs of that shape for this member."
+            ) from failure
+
+
+def check_member_labels(x: Any, y: Any, members: Sequence[keras.Model]) -> None:
+    """Raises, naming the member, when labels cannot reach a member's outputs and loss.
+
+    Per-member labels (`y=[y0, y1, ...]`) must have one row per sample of `x`. The labels
+    of each output are compared with the output's shape through the member's loss, when it
+    is one of Keras's own: the pack refuses them only where that loss fails on the two
+    shapes, as it would in the member's own `fit` (a loss that broadcasts `(n, 1)` labels
+    takes them; a sparse loss takes class indices). Custom losses are left to Keras.
+    """
+    if y is None:
+        return
+    counts = [output_count(m) for m in members]
+    per_member = labels_per_member(y, counts)
+    rows = None if hasattr(x, "element_spec") else _rows(x)
+    for i, member in enumerate(members):
+        labels = member_labels(y, i, per_member)
+        argument = f"`y[{i}]`" if per_member else "`y`"
+        if per_member and rows is not None:
+            _check_rows(labels, rows, i, member, argument)
+        for name, label, output, loss in _paired_labels(labels, member, argument):
+            _check_label_shape(label, output, loss, i, member, name)
+
+
+def _check_rows(labels: Any, rows: int, i: int, member: keras.Model, argument: str) -> None:
+    for leaf in tree.flatten(labels):
+        shape = _dense_shape(leaf)
+        if shape and shape[0] is not None and shape[0] != rows:
+            raise ValueError(
+                f"Invalid labels for member {i} ({member.name}): argument {argument} has "
+                f"{shape[0]} rows (shape {shape}) but `x` has {rows} samples. Pass one "
+                "label row per sample for every member."
+            )
+
+
+def _check_label_shape(
+    label: Any, output: Any, loss: Any, i: int, member: keras.Model, argument: str
+) -> None:
+    """Raises when Keras's `loss` fails on labels shaped like `label` and `output`."""
+    shape = _dense_shape(label)
+    reference = tuple(output.shape)
+    if shape is None or not shape or any(d is None for d in shape[1:] + reference[1:]):
+        return
+    if not _same_rank_for_loss(shape, reference):
+        # Keras's losses compare these only after broadcasting the batch's rows.
+        return
+    # Same number of rows in both, as in a batch.
+    y_true = keras.KerasTensor((2, *shape[1:]), _dtype(label))
+    y_pred = keras.KerasTensor((2, *reference[1:]), output.dtype)
+    failure = _trace_failure(loss, y_true, y_pred)
+    if failure is None:
+        return
+    if _is_sparse(loss):
+        accepted = (
+            f"class indices of shape {(None, *reference[1:-1])} or {(None, *reference[1:-1], 1)}"
+        )
+    else:
+        accepted = f"labels shaped like its output, {reference}"
+    raise ValueError(
+        f"Invalid labels for member {i} ({member.name}): argument {argument} has shape "
+        f"{shape}, which its loss `{loss.name}` cannot compare with the member's output of "
+        f"shape {reference}. It accepts {accepted}. For members with different labels pass "
+        "`y=[y_member0, y_member1, ...]` (one entry per member)."
+    ) from failure
+
+
+def _member_inputs_or_none(member: keras.Model) -> list | None:
+    """A Functional or Sequential member's `keras.Input`s, or None when it has none."""
+    try:
+        inputs = member.inputs
+    except (AttributeError, ValueError):
+        return None
+    return list(inputs) if inputs else None
+
+
+def _paired_inputs(given: Any, inputs: list) -> list[tuple[str, Any, Any]]:
+    """`(argument, array, keras.Input)` for each input of `member`; [] when unsure."""
+    if len(inputs) == 1 and not isinstance(given, (dict, list, tuple)):
+        return [("`x`", given, inputs[0])]
+    if isinstance(given, dict):
+        if not all(t.name in given for t in inputs):
+            return []
+        return [(f"`x[{t.name!r}]`", given[t.name], t) for t in inputs]
+    if isinstance(given, (list, tuple)) and len(given) == len(inputs):
+        return [(f"`x[{k}]`", leaf, t) for k, (leaf, t) in enumerate(zip(given, inputs))]
+    return []
+
+
+def _paired_labels(labels: Any, member: keras.Model, argument: str) -> list[tuple]:
+    """`(argument, labels, output, loss)` for each output of a compiled `member` whose loss
+    is one of Keras's own; [] when unsure."""
+    count = output_count(member)
+    if labels is None or count is None or not member.compiled:
+        return []
+    outputs = member.outputs
+    names = list(getattr(member, "output_names", None) or [])
+    if count == 1:
+        if isinstance(labels, (list, tuple)) and len(labels) == 1:
+            pairs = [(f"{argument}[0]", labels[0])]
+        elif isinstance(labels, dict) and len(labels) == 1:
+            key = next(iter(labels))
+            pairs = [(f"{argument}[{key!r}]", labels[key])]
+        else:
+            pairs = [(argument, labels)]
+    elif isinstance(labels, (list, tuple)) and len(labels) == count:
+        pairs = [(f"{argument}[{j}]", label) for j, label in enumerate(labels)]
+    elif isinstance(labels, dict) and len(names) == count and all(n in labels for n in names):
+        pairs = [(f"{argument}[{n!r}]", labels[n]) for n in names]
+    else:
+        return []
+    result = []
+    for j, (name, label) in enumerate(pairs):
+        loss = _keras_loss(_output_loss(member.loss, j, names, count))
+        if loss is not None:
+            result.append((name, label, outputs[j], loss))
+    return result
+
+
+def _output_loss(loss: Any, j: int, names: list[str], count: int) -> Any:
+    """The loss a member compiled with `loss` applies to its output `j`."""
+    if isinstance(loss, (list, tuple)):
+        return loss[j] if len(loss) == count else None
+    if isinstance(loss, dict):
+        return loss.get(names[j]) if len(names) == count else None
+    return loss
+
+
+def _keras_loss(identifier: Any) -> keras.losses.Loss | None:
+    """Keras's own loss for `identifier` as `compile` makes it, or None for other losses."""
+    if identifier is None or str(identifier).lower() in ("crossentropy", "ce"):
+        # `compile` picks these from the labels' shapes.
+        return None
+    try:
+        loss = keras.losses.get(identifier)
+    except (TypeError, ValueError):
+        return None
+    classes = _keras_loss_classes()
+    if type(loss) in classes:
+        return loss
+    if not any(loss is fn for fn in vars(keras.losses).values()):
+        return None
+    # `compile` wraps Keras's loss functions as their classes do (`LossFunctionWrapper`).
+    key = getattr(loss, "__name__", "").replace("_", "").lower()
+    matching = [cls for cls in classes if cls.__name__.lower() == key]
+    return matching[0]() if len(matching) == 1 else None
+
+
+def _keras_loss_classes() -> set[type]:
+    """Keras's own loss classes (`keras.losses.MeanSquaredError`, ...)."""
+    return {
+        obj
+        for obj in vars(keras.losses).values()
+        if isinstance(obj, type)
+        and issubclass(obj, keras.losses.Loss)
+        and obj is not keras.losses.Loss
+    }
+
+
+def _is_sparse(loss: keras.losses.Loss) -> bool:
+    return isinstance(loss, keras.losses.SparseCategoricalCrossentropy)
+
+
+def _same_rank_for_loss(shape: tuple, reference: tuple) -> bool:
+    """Whether Keras's losses give labels of `shape` the rank of outputs of `reference`:
+    equal ranks, or one more with a trailing 1 (squeezed, or expanded for rank 1)."""
+    longer, shorter = sorted((shape, reference), key=len, reverse=True)
+    return len(longer) == len(shorter) or (len(longer) == len(shorter) + 1 and longer[-1] == 1)
+
+
+def _differs(shape: tuple, reference: tuple) -> bool:
+    """Whether `shape` has another rank than `reference`, or another known size."""
+    if len(shape) != len(reference):
+        return True
+    return any(a is not None and b is not None and a != b for a, b in zip(shape[1:], reference[1:]))
+
+
+def _rows(x: Any) -> int | None:
+    """The number of samples in array inputs `x`, or None when not known for certain."""
+    if x is None:
+        return None
+    sizes = {_dense_shape(leaf) for leaf in tree.flatten(x)}
+    rows = {s[0] for s in sizes if s}
+    if None in sizes or len(rows) != 1:
+        return None
+    return rows.pop()
+
+
+def _dense_shape(leaf: Any) -> tuple | None:
+    """The shape of a dense array, tensor or `tf.TensorSpec`; None for anything else."""
+    if not _is_dense(leaf):
+        return None
+    try:
+        return tuple(None if d is None else int(d) for d in leaf.shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_dense(leaf: Any) -> bool:
+    if isinstance(leaf, np.ndarray):
+        return leaf.dtype.kind in "biuf"
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and (type(leaf) is tf.TensorSpec or isinstance(leaf, tf.Tensor)):
+        return leaf.dtype.is_floating or leaf.dtype.is_integer or leaf.dtype.is_bool
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(leaf, jax.Array)
+
+
+def _dtype(leaf: Any) -> str:
+    dtype = leaf.dtype
+    return keras.backend.standardize_dtype(getattr(dtype, "name", dtype))
+
+
+def _symbolic(leaf: Any) -> Any:
+    """A symbolic tensor shaped as `leaf`; `leaf` itself when it is not a dense array."""
+    shape = _dense_shape(leaf)
+    return leaf if shape is None else keras.KerasTensor(shape, _dtype(leaf))
+
+
+def _trace_failure(fn: Callable[..., Any], *args: Any) -> Exception | None:
+    """The error `fn` raises on the symbolic `args`, computing shapes only; None if none."""
+    try:
+        _Traced(fn).compute_output_spec(*args)
+    except Exception as e:  # noqa: BLE001 - any failure of the member's own code counts.
+        return e
+    return None
+
+
+class _Traced(keras.Operation):
+    """Computes `fn`'s output shapes on symbolic tensors (nothing runs, nothing is kept)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def call(self, *args: Any) -> Any:
+        return self.fn(*args)

@@ -701,14 +701,16 @@ class ModelPack(keras.Model):
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
     def _check_inputs(self, x: Any) -> None:
-        """Raises when a fused group's members would read different keys of a dict input.
+        """Raises, naming the member, when a member cannot take the inputs `x`.
 
         A fused group computes its members from one set of inputs, those of its first
-        member; plain Keras gives each model the keys its own inputs are named after.
+        member; plain Keras gives each model the keys its own inputs are named after. A
+        member whose layers fail on the shape of `x` is named before any step runs.
         """
         if hasattr(x, "element_spec"):
             spec = x.element_spec
             x = spec[0] if isinstance(spec, tuple) else spec
+        data_lib.check_member_inputs(x, self._members)
         if not isinstance(x, dict):
             return
         for engine in self._gradient_engines:
@@ -732,6 +734,7 @@ class ModelPack(keras.Model):
         per_member = data_lib.labels_per_member(y, self._options.output_counts)
         for i, member in enumerate(self._members):
             data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
+        data_lib.check_member_labels(x, y, self._members)
         if keras.backend.backend() == "tensorflow":
             # As Keras on TensorFlow does; on JAX and torch plain `fit` trains on them.
             data_lib.check_label_ranges(y, self._members)
