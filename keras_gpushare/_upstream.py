@@ -29,6 +29,7 @@ OVERRIDDEN_HOOKS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("keras.Model", "_symbolic_build", ("iterator", "data_batch"), None),
     ("keras.Model", "_maybe_symbolic_build", ("iterator", "data_batch"), "tensorflow"),
     ("keras.callbacks.BackupAndRestore", "_save_model", (), None),
+    ("keras.callbacks.TensorBoard", "_log_weights", ("epoch",), None),
     ("keras_tuner.Tuner", "_build_hypermodel", ("hp",), None),
 )
 
@@ -355,6 +356,12 @@ def reset_monitor_op(callback: Any) -> bool:
         return False
     method()
     return True
+
+
+def set_callback_model(callback: keras.callbacks.Callback, model: Any) -> None:
+    """Points a callback at `model` without its `set_model` (`TensorBoard`'s opens new
+    writers and writes the graph): `_model`, which `Callback.model` returns."""
+    callback._model = model
 
 
 def backup_weights_path(callback: keras.callbacks.BackupAndRestore) -> str:

@@ -434,6 +434,15 @@ def test_reset_monitor_op_follows_mode():
     assert not _upstream.reset_monitor_op(keras.callbacks.History())
 
 
+@covers("set_callback_model")
+def test_set_callback_model_is_the_model_a_callback_reads(tmp_path):
+    board = keras.callbacks.TensorBoard(str(tmp_path))
+    model = compiled_sequential()
+    _upstream.set_callback_model(board, model)
+    assert board.model is model
+    assert not os.path.exists(tmp_path / "train")  # set_model's writers were not opened
+
+
 @covers("backup_weights_path")
 def test_backup_weights_path_is_inside_the_backup_dir(tmp_path):
     backup = keras.callbacks.BackupAndRestore(str(tmp_path))

@@ -7,16 +7,23 @@ pack the same: it runs one copy of the callback per member, handing each copy a 
 as its model (that member's weights, optimizer and stop flag) and that member's figures under
 single-model names (`val_loss`, not `val_m2_loss`). What a copy writes into its logs comes
 back under the member's prefix (`learning_rate` becomes `m2_learning_rate`).
+
+A `TensorBoard` writing weight histograms (`histogram_freq`) writes each member's own weights,
+in the member's names and shapes, as N separate fits would (`m/dense/kernel/histogram`), not
+the fused engine's stacked weights: `member_weights_tensorboard` points its weight logging at
+the members and leaves everything else it writes as it is.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from typing import Any
 
 import keras
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.members import ACTIVE
 
 _MEMBER_KEY = re.compile(r"^(?:val_)?m(\d+)_(.+)$")
@@ -170,16 +177,83 @@ class PerMember(keras.callbacks.Callback):
             callback.on_train_end(member_logs(logs, i))
 
 
+class _MemberLayers:
+    """A pack as `TensorBoard`'s weight logging reads it: `layers` are the members' own
+    layers, in member order; everything else is the pack's.
+
+    Args:
+        pack: the `ModelPack`.
+        members: its members, holding the pack's current weights.
+    """
+
+    def __init__(self, pack: keras.Model, members: list[keras.Model]) -> None:
+        self._pack = pack
+        self.layers = [layer for member in members for layer in member.layers]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pack, name)
+
+
+class _MemberWeights:
+    """Mixed into a `TensorBoard` class: weight histograms (and images) of the members."""
+
+    def _log_weights(self, epoch: int) -> None:
+        pack = self.model
+        members = pack._refreshed_members(optimizer_state=False)
+        _upstream.set_callback_model(self, _MemberLayers(pack, members))
+        try:
+            super()._log_weights(epoch)
+        finally:
+            _upstream.set_callback_model(self, pack)
+
+
+@functools.cache
+def _member_weights_class(cls: type) -> type:
+    """`cls` (`TensorBoard` or a subclass) writing its weight histograms per member."""
+    return type(cls.__name__, (_MemberWeights, cls), {"__module__": __name__})
+
+
+def member_weights_tensorboard(
+    callback: keras.callbacks.TensorBoard,
+) -> keras.callbacks.TensorBoard:
+    """`callback` writing each member's weights where it writes weight histograms.
+
+    Keras writes a histogram for every weight of every layer of the model it is given. For
+    a pack on the fused engine that is the stacked weights (all members padded to the
+    widest, under the first member's names); the result writes, for every member, what a
+    fit of that member alone writes: each weight of each of the member's layers, under its
+    own path and in its own shape, holding the member's weights at the end of the epoch
+    (and with `write_images`, its images). Scalars, the graph, profiling and embeddings are
+    left as Keras writes them for the pack.
+
+    The result shares `callback`'s state (its attributes are the same object), so the
+    callback the user holds sees the fit as in plain Keras (its model, writers and batch
+    counters).
+
+    Args:
+        callback: a `keras.callbacks.TensorBoard` (or subclass) given to a pack's `fit`.
+
+    Returns:
+        A `TensorBoard` of `callback`'s class with its weight logging pointed at the members.
+    """
+    result = object.__new__(_member_weights_class(type(callback)))
+    result.__dict__ = callback.__dict__
+    return result
+
+
 def per_member_callbacks(callbacks: list) -> list:
     """`callbacks` with Keras's per-model callbacks run per member (see the module docstring).
 
     `EarlyStopping` and `ReduceLROnPlateau` watching a figure every member has (`val_loss`)
     and every `LearningRateScheduler` are wrapped in `PerMember`; a monitor that names one
-    member's figure (`val_m2_loss`) acts on the whole pack, as Keras runs it.
+    member's figure (`val_m2_loss`) acts on the whole pack, as Keras runs it. A `TensorBoard`
+    writing weight histograms writes them per member (`member_weights_tensorboard`).
     """
     result = []
     for callback in callbacks:
-        if isinstance(callback, keras.callbacks.LearningRateScheduler) or (
+        if isinstance(callback, keras.callbacks.TensorBoard) and callback.histogram_freq:
+            callback = member_weights_tensorboard(callback)
+        elif isinstance(callback, keras.callbacks.LearningRateScheduler) or (
             isinstance(callback, (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau))
             and named_member(callback.monitor) is None
         ):
