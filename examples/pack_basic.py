@@ -48,6 +48,7 @@ def main() -> None:
         metrics=["accuracy"],
     )
     print(f"{len(members)} members on the {pack.engine} engine")
+    pack.summary()  # one row per member: where it trains, its own parameters, its optimizer
 
     log_dir = tempfile.mkdtemp()
     history = pack.fit(
