@@ -135,6 +135,12 @@ def epoch_iterator_element_spec(iterator: Any) -> Any:
     return None if dataset is None else dataset.element_spec
 
 
+def progbar_in_fit(callback: keras.callbacks.ProgbarLogger) -> bool:
+    """Whether a `ProgbarLogger` is running inside `fit` (so an evaluation is `fit`'s
+    validation, which it does not show): `_called_in_fit`."""
+    return callback._called_in_fit
+
+
 def print_msg(message: str) -> None:
     """Prints a line as Keras's progress bar does (to stdout, or to absl logging when
     interactive logging is off): `keras.src.utils.io_utils.print_msg`."""

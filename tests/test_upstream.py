@@ -244,6 +244,23 @@ def test_epoch_iterator_element_spec_describes_the_batches_of_a_tensorflow_itera
     ]
 
 
+@covers("progbar_in_fit")
+def test_progbar_in_fit_is_true_inside_fit_only():
+    seen = []
+
+    class Probe(keras.callbacks.ProgbarLogger):
+        def on_test_begin(self, logs=None):
+            seen.append(_upstream.progbar_in_fit(self))
+            super().on_test_begin(logs)
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    x, y = np.zeros((4, 2)), np.zeros((4, 1))
+    model.evaluate(x, y, verbose=0, callbacks=[Probe()])
+    model.fit(x, y, validation_data=(x, y), verbose=0, callbacks=[Probe()])
+    assert seen == [False, True]
+
+
 @covers("print_msg")
 def test_print_msg_prints_as_keras_progress_bars_do(capsys):
     _upstream.print_msg("m0 - loss: 0.5")

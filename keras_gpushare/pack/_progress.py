@@ -91,7 +91,7 @@ class PackProgbar(keras.callbacks.ProgbarLogger):
         super().on_epoch_begin(epoch, logs)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
-        if not self._called_in_fit:
+        if not _upstream.progbar_in_fit(self):
             self._wide = None
         super().on_test_begin(logs)
 
@@ -109,7 +109,7 @@ class PackProgbar(keras.callbacks.ProgbarLogger):
         self._print_members(logs)
 
     def on_test_end(self, logs: dict | None = None) -> None:
-        if self._called_in_fit:
+        if _upstream.progbar_in_fit(self):
             return
         super().on_test_end(self._shown(logs))
         self._print_members(logs)
