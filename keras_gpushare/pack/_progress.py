@@ -20,15 +20,14 @@ used as given.
 
 from __future__ import annotations
 
-import re
 import shutil
 from typing import Any
 
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack.member_callbacks import member_logs, named_member
 
-_MEMBER_KEY = re.compile(r"^(val_)?m(\d+)_(.+)$")
 # Keras's bar without figures: "16/16 ━━━━━━━━━━━━━━━━━━━━ 1s 20ms/step".
 _BAR_WIDTH = 40
 
@@ -39,10 +38,8 @@ def member_order(logs: dict) -> dict:
 
     def key(item: tuple[int, str]) -> tuple:
         position, name = item
-        match = _MEMBER_KEY.match(name)
-        if match is None:
-            return (name.startswith("val_"), -1, position)
-        return (match.group(1) is not None, int(match.group(2)), position)
+        member = named_member(name)
+        return (name.startswith("val_"), -1 if member is None else member[0], position)
 
     ordered = sorted(enumerate(logs), key=key)
     return {name: logs[name] for _, name in ordered}
@@ -130,18 +127,15 @@ class PackProgbar(keras.callbacks.ProgbarLogger):
             self._wide = _BAR_WIDTH + len(_line(logs)) > width
         if not self._wide:
             return logs
-        return {name: value for name, value in logs.items() if not _MEMBER_KEY.match(name)}
+        return {name: value for name, value in logs.items() if named_member(name) is None}
 
     def _print_members(self, logs: dict | None) -> None:
         """One line per member, after the bar, when the bar left the members out."""
         if not (self._wide and self.verbose and logs):
             return
-        by_member: dict[int, dict] = {}
-        for name, value in member_order(logs).items():
-            match = _MEMBER_KEY.match(name)
-            if match is not None:
-                figure = (match.group(1) or "") + match.group(3)
-                by_member.setdefault(int(match.group(2)), {})[figure] = value
+        logs = member_order(logs)
         digits = len(str(self.n_members - 1))
-        for i, figures in by_member.items():
-            _upstream.print_msg(f"  m{i:<{digits}} - {_line(figures)}")
+        for i in range(self.n_members):
+            figures = member_logs(logs, i)
+            if figures:
+                _upstream.print_msg(f"  m{i:<{digits}} - {_line(figures)}")

@@ -259,9 +259,11 @@ def check_member_inputs(x: Any, members: Sequence[keras.Model]) -> None:
             ) from failure
 
 
-def check_member_labels(x: Any, y: Any, members: Sequence[keras.Model]) -> None:
+def check_member_labels(x: Any, y: Any, members: Sequence[keras.Model], per_member: bool) -> None:
     """Raises, naming the member, when labels cannot reach a member's outputs and loss.
 
+    `per_member` says whether `y` holds one entry per member (`labels_per_member`). Each
+    member's labels must match its outputs' structure (`check_label_structure`).
     Per-member labels (`y=[y0, y1, ...]`) must have one row per sample of `x`. The labels
     of each output are compared with the output's shape through the member's loss, when it
     is one of Keras's own: the pack refuses them only where that loss fails on the two
@@ -270,8 +272,8 @@ def check_member_labels(x: Any, y: Any, members: Sequence[keras.Model]) -> None:
     """
     if y is None:
         return
-    counts = [output_count(m) for m in members]
-    per_member = labels_per_member(y, counts)
+    for i, member in enumerate(members):
+        check_label_structure(member_labels(y, i, per_member), i, member)
     rows = None if hasattr(x, "element_spec") else _rows(x)
     for i, member in enumerate(members):
         labels = member_labels(y, i, per_member)
@@ -405,15 +407,16 @@ def _keras_loss(identifier: Any) -> keras.losses.Loss | None:
     return matching[0]() if len(matching) == 1 else None
 
 
-def _keras_loss_classes() -> set[type]:
+@functools.cache
+def _keras_loss_classes() -> frozenset[type]:
     """Keras's own loss classes (`keras.losses.MeanSquaredError`, ...)."""
-    return {
+    return frozenset(
         obj
         for obj in vars(keras.losses).values()
         if isinstance(obj, type)
         and issubclass(obj, keras.losses.Loss)
         and obj is not keras.losses.Loss
-    }
+    )
 
 
 def _is_sparse(loss: keras.losses.Loss) -> bool:

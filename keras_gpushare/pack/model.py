@@ -251,7 +251,7 @@ class ModelPack(keras.Model):
             self.members,
             places,
             self.status,
-            stored=int(sum(np.prod(v.shape) for v in self.trainable_weights)),
+            stored=member_params([self], trainable=True),
             print_fn=print_fn,
             expand_nested=expand_nested,
             line_length=line_length,
@@ -732,9 +732,7 @@ class ModelPack(keras.Model):
             spec = x.element_spec
             y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
         per_member = data_lib.labels_per_member(y, self._options.output_counts)
-        for i, member in enumerate(self._members):
-            data_lib.check_label_structure(data_lib.member_labels(y, i, per_member), i, member)
-        data_lib.check_member_labels(x, y, self._members)
+        data_lib.check_member_labels(x, y, self._members, per_member)
         if keras.backend.backend() == "tensorflow":
             # As Keras on TensorFlow does; on JAX and torch plain `fit` trains on them.
             data_lib.check_label_ranges(y, self._members)
@@ -749,8 +747,8 @@ class ModelPack(keras.Model):
             # Not the validation inside `fit`, whose labels `fit` checked.
             self._check_labels(x, y)
         return_dict = kwargs.pop("return_dict", False)
-        counts = [_argument("evaluate", "steps", x, y, args, kwargs)]
-        verbose = _argument("evaluate", "verbose", x, y, args, kwargs)
+        given = _arguments("evaluate", x, y, args, kwargs)
+        counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
         with self._steps_for(callbacks, counts):
             logs = super().evaluate(
@@ -925,15 +923,17 @@ class ModelPack(keras.Model):
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
-        counts = [_argument("fit", "steps_per_epoch", x, y, args, kwargs)]
-        if _argument("fit", "validation_data", x, y, args, kwargs) is not None or _argument(
-            "fit", "validation_split", x, y, args, kwargs
-        ):
-            counts.append(_argument("fit", "validation_steps", x, y, args, kwargs))
-        verbose = _argument("fit", "verbose", x, y, args, kwargs)
+        given = _arguments("fit", x, y, args, kwargs)
+        counts = [given["steps_per_epoch"]]
+        if given["validation_data"] is not None or given["validation_split"]:
+            counts.append(given["validation_steps"])
         with self._steps_for(callbacks, counts):
             history = super().fit(
-                x, y, *args, callbacks=self._with_progress_bar(callbacks, verbose), **kwargs
+                x,
+                y,
+                *args,
+                callbacks=self._with_progress_bar(callbacks, given["verbose"]),
+                **kwargs,
             )
         if all(m.built for m in self._members):
             self.built = True
@@ -974,8 +974,8 @@ class ModelPack(keras.Model):
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
         self._check_inputs(x)
-        counts = [_argument("predict", "steps", x, None, args, kwargs)]
-        verbose = _argument("predict", "verbose", x, None, args, kwargs)
+        given = _arguments("predict", x, None, args, kwargs)
+        counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
         with self._steps_for(callbacks, counts):
             outputs = super().predict(
@@ -1036,18 +1036,17 @@ class ModelPack(keras.Model):
         return cls(**config)
 
 
-def _argument(method: str, name: str, x: Any, y: Any, args: tuple, kwargs: dict) -> Any:
-    """The value of argument `name` in a call of `keras.Model.<method>`, or its default."""
+def _arguments(method: str, x: Any, y: Any, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call of `keras.Model.<method>` by name, defaults included (the
+    defaults alone when Keras would refuse the call: it raises its own error then)."""
     signature = inspect.signature(getattr(keras.Model, method))
     given = (x, *args) if method == "predict" else (x, y, *args)
     try:
         bound = signature.bind_partial(None, *given, **kwargs)
     except TypeError:
-        # Keras raises its own error for these arguments.
-        return signature.parameters[name].default
-    if name in bound.arguments:
-        return bound.arguments[name]
-    return signature.parameters[name].default
+        bound = signature.bind_partial(None)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def _symbolic_batch(spec: Any) -> Any:
