@@ -1103,8 +1103,7 @@ def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
         isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member)
     ):
         return None
-    linear = settings.rule.family in ("SGD", "Lion") and not any(settings.clip.values())
-    if linear:
+    if settings.rule.linear_in_gradient and not any(settings.clip.values()):
         return None
     return (
         "on TensorFlow Keras updates an `Embedding` table from its sparse gradient, applying "

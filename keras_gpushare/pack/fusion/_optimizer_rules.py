@@ -1,11 +1,14 @@
-"""Per-family update rules of `VectorizedOptimizer`, written over stacked variables.
+"""Per-class update rules of `VectorizedOptimizer`, written over stacked variables.
 
-Each rule mirrors the update step of a Keras optimizer family, with every hyperparameter a
+Each rule mirrors the update step of a Keras optimizer class, with every hyperparameter a
 per-member tensor broadcast against the leading member axis, and names the slot lists (and
-per-member scalar state) of the family's Keras optimizer so state can be copied across. The
+per-member scalar state) of the class's Keras optimizer so state can be copied across. The
 operations follow Keras's own `update_step` in the same order, so a member's slice is updated
-to the value its own optimizer would compute.
+to the value its own optimizer would compute. `register_optimizer_rule` adds a rule for an
+optimizer class of one's own.
 """
+
+from collections.abc import Callable
 
 import keras
 from keras import ops
@@ -13,16 +16,34 @@ from keras import ops
 from keras_gpushare import _upstream
 
 
-class _Rule:
-    """One optimizer family: its hyperparameters, slots and update."""
+class OptimizerRule:
+    """An optimizer's update, written over variables stacked on a member axis.
 
-    family = ""
+    A rule mirrors one optimizer class's `update_step` for `k` members at once: each of
+    its tensors has the members on its first axis, and each hyperparameter is a per-member
+    tensor shaped to broadcast against them (`(m, 1, ...)`), so members with different
+    settings share one update. `VectorizedOptimizer` applies it after its own gradient
+    transforms (unscaling, finiteness, accumulation, clipping) and weight decay, and keeps
+    the old values of members that take no step. Register one for an optimizer class with
+    `register_optimizer_rule`.
+
+    Attributes:
+        hyperparameters: the optimizer attributes read as floats, one per member, into the
+            `h` of `update`.
+        member_state: `{name: function of the optimizer returning a scalar variable}`:
+            per-member scalar state kept beside the slots (Nadam's `u_product`).
+        linear_in_gradient: whether the update is linear in the gradient, so that applying
+            it to a sum of sparse slices equals summing its applications (SGD, Lion): on
+            TensorFlow, Keras updates an `Embedding` from such slices.
+    """
+
     classes = ()
     hyperparameters = ()
-    # Per-member scalar state kept beside the slots: {name: member optimizer attribute}.
     member_state = {}
+    linear_in_gradient = False
 
     def hyper(self, optimizer):
+        """`{name: float}`: `optimizer`'s hyperparameters, read once."""
         return {name: float(getattr(optimizer, name)) for name in self.hyperparameters}
 
     def slots(self, hypers):
@@ -30,7 +51,7 @@ class _Rule:
         raise NotImplementedError
 
     def member_slots(self, optimizer):
-        """`{slot name: list attribute of the member optimizer}` for this optimizer."""
+        """`{slot name: list of optimizer's slot variables, in its variable order}`."""
         raise NotImplementedError
 
     def initial_state(self, hypers):
@@ -54,8 +75,8 @@ class _Rule:
         raise NotImplementedError
 
 
-class _SGD(_Rule):
-    family = "SGD"
+class _SGD(OptimizerRule):
+    linear_in_gradient = True
     classes = (keras.optimizers.SGD,)
     hyperparameters = ("momentum",)
 
@@ -81,8 +102,7 @@ class _SGD(_Rule):
         return variable + delta, {"momentum": m}
 
 
-class _Adam(_Rule):
-    family = "Adam/AdamW"
+class _Adam(OptimizerRule):
     classes = (keras.optimizers.Adam, keras.optimizers.AdamW)
     hyperparameters = ("beta_1", "beta_2", "epsilon")
 
@@ -100,9 +120,12 @@ class _Adam(_Rule):
         return {name: [0.0] * len(hypers) for name in names}
 
     def member_slots(self, optimizer):
-        slots = {"momentum": optimizer._momentums, "velocity": optimizer._velocities}
+        slots = {
+            "momentum": _upstream.slot_list(optimizer, "momentums"),
+            "velocity": _upstream.slot_list(optimizer, "velocities"),
+        }
         if optimizer.amsgrad:
-            slots["velocity_hat"] = optimizer._velocity_hats
+            slots["velocity_hat"] = _upstream.slot_list(optimizer, "velocity_hats")
         return slots
 
     def step_terms(self, h, lr, step):
@@ -122,8 +145,7 @@ class _Adam(_Rule):
         return variable - (m * alpha) / (ops.sqrt(v) + h["epsilon"]), new
 
 
-class _Adamax(_Rule):
-    family = "Adamax"
+class _Adamax(OptimizerRule):
     classes = (keras.optimizers.Adamax,)
     hyperparameters = ("beta_1", "beta_2", "epsilon")
 
@@ -141,17 +163,19 @@ class _Adamax(_Rule):
         return new_variable, {"momentum": m, "norm": u}
 
 
-class _Nadam(_Rule):
-    family = "Nadam"
+class _Nadam(OptimizerRule):
     classes = (keras.optimizers.Nadam,)
     hyperparameters = ("beta_1", "beta_2", "epsilon")
-    member_state = {"u_product": "_u_product"}
+    member_state = {"u_product": lambda optimizer: optimizer._u_product}
 
     def slots(self, hypers):
         return {"momentum": [0.0] * len(hypers), "velocity": [0.0] * len(hypers)}
 
     def member_slots(self, optimizer):
-        return {"momentum": optimizer._momentums, "velocity": optimizer._velocities}
+        return {
+            "momentum": _upstream.slot_list(optimizer, "momentums"),
+            "velocity": _upstream.slot_list(optimizer, "velocities"),
+        }
 
     def initial_state(self, hypers):
         return {"u_product": [1.0] * len(hypers)}
@@ -176,8 +200,8 @@ class _Nadam(_Rule):
         return new_variable, {"momentum": m, "velocity": v}
 
 
-class _Lion(_Rule):
-    family = "Lion"
+class _Lion(OptimizerRule):
+    linear_in_gradient = True
     classes = (keras.optimizers.Lion,)
     hyperparameters = ("beta_1", "beta_2")
 
@@ -185,7 +209,7 @@ class _Lion(_Rule):
         return {"momentum": [0.0] * len(hypers)}
 
     def member_slots(self, optimizer):
-        return {"momentum": optimizer._momentums}
+        return {"momentum": _upstream.slot_list(optimizer, "momentums")}
 
     def update(self, gradient, variable, slots, h, lr, step, state):
         m = slots["momentum"]
@@ -194,8 +218,7 @@ class _Lion(_Rule):
         return variable - lr * direction, {"momentum": new_m}
 
 
-class _Lamb(_Rule):
-    family = "Lamb"
+class _Lamb(OptimizerRule):
     classes = (keras.optimizers.Lamb,)
     hyperparameters = ("beta_1", "beta_2", "epsilon")
 
@@ -203,7 +226,10 @@ class _Lamb(_Rule):
         return {"momentum": [0.0] * len(hypers), "velocity": [0.0] * len(hypers)}
 
     def member_slots(self, optimizer):
-        return {"momentum": optimizer._momentums, "velocity": optimizer._velocities}
+        return {
+            "momentum": _upstream.slot_list(optimizer, "momentums"),
+            "velocity": _upstream.slot_list(optimizer, "velocities"),
+        }
 
     def update(self, gradient, variable, slots, h, lr, step, state):
         beta_1_power = ops.power(h["beta_1"], step)
@@ -221,8 +247,7 @@ class _Lamb(_Rule):
         return variable - ratio * lr * update, {"momentum": m, "velocity": v}
 
 
-class _RMSprop(_Rule):
-    family = "RMSprop"
+class _RMSprop(OptimizerRule):
     classes = (keras.optimizers.RMSprop,)
     hyperparameters = ("rho", "momentum", "epsilon")
 
@@ -241,11 +266,11 @@ class _RMSprop(_Rule):
         return {name: [0.0] * len(hypers) for name in names}
 
     def member_slots(self, optimizer):
-        slots = {"velocity": optimizer._velocities}
+        slots = {"velocity": _upstream.slot_list(optimizer, "velocities")}
         if optimizer.momentum > 0:
-            slots["momentum"] = optimizer._momentums
+            slots["momentum"] = _upstream.slot_list(optimizer, "momentums")
         if optimizer.centered:
-            slots["average_gradient"] = optimizer._average_gradients
+            slots["average_gradient"] = _upstream.slot_list(optimizer, "average_gradients")
         return slots
 
     def update(self, gradient, variable, slots, h, lr, step, state):
@@ -264,8 +289,7 @@ class _RMSprop(_Rule):
         return variable - increment, new
 
 
-class _Adagrad(_Rule):
-    family = "Adagrad"
+class _Adagrad(OptimizerRule):
     classes = (keras.optimizers.Adagrad,)
     hyperparameters = ("initial_accumulator_value", "epsilon")
 
@@ -273,7 +297,7 @@ class _Adagrad(_Rule):
         return {"accumulator": [h["initial_accumulator_value"] for h in hypers]}
 
     def member_slots(self, optimizer):
-        return {"accumulator": optimizer._accumulators}
+        return {"accumulator": _upstream.slot_list(optimizer, "accumulators")}
 
     def update(self, gradient, variable, slots, h, lr, step, state):
         accumulator = slots["accumulator"] + ops.square(gradient)
@@ -281,8 +305,7 @@ class _Adagrad(_Rule):
         return new_variable, {"accumulator": accumulator}
 
 
-class _Adadelta(_Rule):
-    family = "Adadelta"
+class _Adadelta(OptimizerRule):
     classes = (keras.optimizers.Adadelta,)
     hyperparameters = ("rho", "epsilon")
 
@@ -309,8 +332,7 @@ class _Adadelta(_Rule):
         return variable + lr * delta, new
 
 
-class _Ftrl(_Rule):
-    family = "Ftrl"
+class _Ftrl(OptimizerRule):
     classes = (keras.optimizers.Ftrl,)
     hyperparameters = (
         "learning_rate_power",
@@ -328,7 +350,10 @@ class _Ftrl(_Rule):
         }
 
     def member_slots(self, optimizer):
-        return {"accumulator": optimizer._accumulators, "linear": optimizer._linears}
+        return {
+            "accumulator": _upstream.slot_list(optimizer, "accumulators"),
+            "linear": optimizer._linears,
+        }
 
     def update(self, gradient, variable, slots, h, lr, step, state):
         accum, linear = slots["accumulator"], slots["linear"]
@@ -346,19 +371,94 @@ class _Ftrl(_Rule):
         return new_variable, {"accumulator": new_accum, "linear": linear}
 
 
-RULES = (
-    _SGD(),
-    _Adam(),
-    _Adamax(),
-    _Nadam(),
-    _Lion(),
-    _Lamb(),
-    _RMSprop(),
-    _Adagrad(),
-    _Adadelta(),
-    _Ftrl(),
-)
-_BY_CLASS = {cls: rule for rule in RULES for cls in rule.classes}
+_BY_CLASS = {
+    cls: rule
+    for rule in (
+        _SGD(),
+        _Adam(),
+        _Adamax(),
+        _Nadam(),
+        _Lion(),
+        _Lamb(),
+        _RMSprop(),
+        _Adagrad(),
+        _Adadelta(),
+        _Ftrl(),
+    )
+    for cls in rule.classes
+}
+
+
+def register_optimizer_rule(optimizer_class: type) -> Callable[[type], type]:
+    """Register the vectorized update of an optimizer class, for use as a class decorator.
+
+    The rule class subclasses `OptimizerRule` and mirrors the optimizer's `update_step` on
+    tensors stacked on a member axis (see `OptimizerRule`); the fused engine then trains
+    members compiled with that optimizer together, each slice as its own optimizer would
+    update it, with the learning rate, schedules, weight decay, clipping, loss scaling and
+    gradient accumulation of Keras's base optimizer applied around the rule. Registration
+    is by exact class: a subclass of a registered optimizer needs its own rule.
+
+    Args:
+        optimizer_class: The Keras optimizer class (not an instance) whose rule follows.
+
+    Returns:
+        A decorator taking the rule class and returning it unchanged.
+
+    Example:
+
+    ```python
+    import keras
+    from keras import ops
+    from keras_gpushare.pack.fusion import VectorizedOptimizer
+    from keras_gpushare.pack.fusion._optimizer_rules import (
+        OptimizerRule,
+        register_optimizer_rule,
+    )
+
+    class SignSGD(keras.optimizers.Optimizer):
+        def update_step(self, gradient, variable, learning_rate):
+            variable.assign_sub(ops.sign(gradient) * ops.cast(learning_rate, variable.dtype))
+
+    @register_optimizer_rule(SignSGD)
+    class SignSGDRule(OptimizerRule):
+        def slots(self, hypers):
+            return {}
+
+        def member_slots(self, optimizer):
+            return {}
+
+        def update(self, gradient, variable, slots, h, lr, step, state):
+            return variable - ops.sign(gradient) * lr, {}
+
+    optimizer = VectorizedOptimizer([SignSGD(0.1), SignSGD(0.01)])
+    w = keras.Variable(keras.ops.zeros((2, 3)))
+    optimizer.apply([keras.ops.ones((2, 3))], [w])
+    print(keras.ops.convert_to_numpy(w)[:, 0])  # [-0.1  -0.01]
+    ```
+    """
+    if not (
+        isinstance(optimizer_class, type)
+        and issubclass(optimizer_class, keras.optimizers.Optimizer)
+    ):
+        raise ValueError(
+            "Invalid value for argument `optimizer_class`: expected a subclass of "
+            f"`keras.optimizers.Optimizer`, got {optimizer_class!r}. Pass the class itself, "
+            "e.g. `@register_optimizer_rule(MyOptimizer)`."
+        )
+
+    def decorator(rule_class: type) -> type:
+        if not (isinstance(rule_class, type) and issubclass(rule_class, OptimizerRule)):
+            raise ValueError(
+                f"Invalid rule for `{optimizer_class.__name__}`: expected a subclass of "
+                f"`OptimizerRule`, got {rule_class!r}."
+            )
+        rule = rule_class()
+        rule.classes = (*rule.classes, optimizer_class)
+        _BY_CLASS[optimizer_class] = rule
+        return rule_class
+
+    return decorator
 
 
 def keras_class(optimizer):
@@ -383,4 +483,4 @@ def rule_for(optimizer):
 
 def supported_names():
     """A readable list of the supported optimizer classes."""
-    return ", ".join(c.__name__ for rule in RULES for c in rule.classes)
+    return ", ".join(c.__name__ for c in _BY_CLASS)

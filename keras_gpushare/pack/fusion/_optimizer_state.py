@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from keras import ops
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion._member_settings import inner_optimizer
 from keras_gpushare.pack.fusion.model import member_part, set_member_part
 
@@ -22,7 +23,7 @@ def _member_variables(optimizer: Any, parts_of: dict, j: int) -> list:
     """Member `j`'s variables, in the order of the stacked ones the optimizer holds."""
     return [
         parts_of[id(v)][j]
-        for v in optimizer._trainable_variables
+        for v in optimizer.stacked_variables
         if id(v) in parts_of and parts_of[id(v)][j][0] is not None
     ]
 
@@ -32,27 +33,24 @@ def _slot_pairs(
 ) -> Iterator[tuple]:
     """`(row, index, stacked slot, member slot)` for every slot both sides have."""
     parts_of = {id(fused): parts for fused, parts in variable_map}
-    group = optimizer._groups.index(tuple(member_ids))
-    runs = optimizer._group_runs[group]
     for j, member_optimizer in enumerate(optimizers):
         inner = inner_optimizer(member_optimizer)
-        run = next(r for r, (_, a, b) in enumerate(runs) if a <= j < b)
-        start = runs[run][1]
-        rule = optimizer._settings[member_ids[j]].rule
-        for k, fused in enumerate(optimizer._trainable_variables):
+        row, slots = optimizer.member_slots(member_ids, j)
+        rule = optimizer.member_settings(member_ids[j]).rule
+        for k, fused in enumerate(optimizer.stacked_variables):
             if id(fused) not in parts_of:
                 continue
             variable, index = parts_of[id(fused)][j]
             if variable is None:
                 continue
-            position = inner._get_variable_index(variable)
+            position = _upstream.variable_index(inner, variable)
             for name, slot_list in rule.member_slots(inner).items():
-                stacked = optimizer._slots.get((k, run, name))
+                stacked = slots.get((k, name))
                 if stacked is not None:
-                    yield j - start, index, stacked, slot_list[position]
-            if optimizer._accumulators is not None and inner.gradient_accumulation_steps:
-                accumulated = inner._accumulated_gradients[position]
-                yield j, index, optimizer._accumulators[k], accumulated
+                    yield row, index, stacked, slot_list[position]
+            accumulator = optimizer.accumulator(k)
+            if accumulator is not None and inner.gradient_accumulation_steps:
+                yield j, index, accumulator, inner._accumulated_gradients[position]
 
 
 def _checked(optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids: Any) -> tuple:
@@ -81,16 +79,16 @@ def write_state_to(optimizer: Any, optimizers: Sequence, variable_map: Any, memb
     optimizers, member_ids = _checked(optimizer, optimizers, variable_map, member_ids)
     steps = ops.convert_to_numpy(optimizer.member_iterations)
     rates = ops.convert_to_numpy(optimizer.member_learning_rate)
-    states = {name: ops.convert_to_numpy(s) for name, s in optimizer._states.items()}
-    scale = optimizer._loss_scale
+    states = {name: ops.convert_to_numpy(s) for name, s in optimizer.member_states.items()}
+    scale = optimizer.loss_scale_variable
     for member_optimizer, i in zip(optimizers, member_ids):
         inner = inner_optimizer(member_optimizer)
-        settings = optimizer._settings[i]
-        inner._iterations.assign(int(steps[i]))
+        settings = optimizer.member_settings(i)
+        _upstream.iterations_variable(inner).assign(int(steps[i]))
         if settings.schedule is None:
             inner.learning_rate = float(rates[i])
-        for name, attribute in settings.rule.member_state.items():
-            getattr(inner, attribute).assign(states[name][i])
+        for name, read in settings.rule.member_state.items():
+            read(inner).assign(states[name][i])
         if member_optimizer is not inner and scale is not None:
             member_optimizer.dynamic_scale.assign(ops.convert_to_numpy(scale)[i])
             counter = ops.convert_to_numpy(optimizer.scale_counter)[i]
@@ -108,14 +106,15 @@ def read_state_from(optimizer: Any, optimizers: Sequence, variable_map: Any, mem
     rates = ops.convert_to_numpy(optimizer.member_learning_rate).copy()
     for member_optimizer, i in zip(optimizers, member_ids):
         inner = inner_optimizer(member_optimizer)
-        settings = optimizer._settings[i]
-        steps[i] = int(ops.convert_to_numpy(inner._iterations))
+        settings = optimizer.member_settings(i)
+        steps[i] = int(ops.convert_to_numpy(inner.iterations))
         if settings.schedule is None:
             rates[i] = float(ops.convert_to_numpy(inner.learning_rate))
-        for name, attribute in settings.rule.member_state.items():
-            value = ops.convert_to_numpy(optimizer._states[name]).copy()
-            value[i] = float(ops.convert_to_numpy(getattr(inner, attribute)))
-            optimizer._states[name].assign(value)
+        for name, read in settings.rule.member_state.items():
+            state = optimizer.member_states[name]
+            value = ops.convert_to_numpy(state).copy()
+            value[i] = float(ops.convert_to_numpy(read(inner)))
+            state.assign(value)
     optimizer.member_iterations.assign(steps.astype("int32"))
     optimizer.member_learning_rate.assign(rates.astype("float32"))
     updates: dict = {}

@@ -10,8 +10,7 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.fusion import _optimizer_state
-from keras_gpushare.pack.fusion._checks import has_accelerator
+from keras_gpushare.pack.fusion import _optimizer_state, _transforms
 from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
     inner_optimizer,
@@ -22,58 +21,6 @@ from keras_gpushare.pack.fusion._member_settings import (
 logger = logging.getLogger(__name__)
 
 _CLIP_OPTIONS = ("clipnorm", "global_clipnorm", "clipvalue")
-
-
-def _runs(rules):
-    """`[(rule, start, stop)]`: the maximal stretches of members sharing a rule."""
-    runs = []
-    for j, rule in enumerate(rules):
-        if runs and runs[-1][0] is rule:
-            runs[-1] = (rule, runs[-1][1], j + 1)
-        else:
-            runs.append((rule, j, j + 1))
-    return runs
-
-
-def _run_parts(tensor, runs):
-    """`tensor`'s slices along the member axis, one per run `(rule, a, b)`.
-
-    On TensorFlow one split of known sizes (one operation, where slices make one each and
-    three constants).
-    """
-    if len(runs) == 1:
-        return [tensor]
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.split(tensor, [b - a for _, a, b in runs], axis=0)
-    return [tensor[a:b] for _, a, b in runs]
-
-
-def _kept_unchanged(kept, updated):
-    """`[(variable, value)]`: each new value, or the old one for members not updated.
-
-    `kept` holds `(variable, new, old, keep)`, `keep` a boolean member-axis tensor shaped to
-    broadcast. A select is a pass over the weights and the optimizer slots; TensorFlow on a
-    CPU fuses no element-wise operations, so there the selects run only in steps where some
-    member is not updated (one `tf.cond` for the group). Elsewhere they stay in the update:
-    XLA (and JAX) fuse them into it, and on an accelerator a branch on a device value would
-    stall the device.
-    """
-    if not kept:
-        return []
-
-    def selected():
-        return [ops.where(keep, new, old) for _, new, old, keep in kept]
-
-    if keras.backend.backend() != "tensorflow" or has_accelerator() or _upstream.in_xla_context():
-        values = selected()
-    else:
-        import tensorflow as tf
-
-        news = [new for _, new, _, _ in kept]
-        values = tf.cond(tf.reduce_all(updated), lambda: news, selected)
-    return [(variable, value) for (variable, _, _, _), value in zip(kept, values)]
 
 
 @dataclasses.dataclass
@@ -121,7 +68,13 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     Both are optimizer variables, so they work inside `stateless_apply` on JAX too.
     Supported: SGD, Adam, AdamW, Adamax, Nadam, Lion, Lamb, RMSprop, Adagrad, Adadelta,
-    Ftrl, each optionally inside a `LossScaleOptimizer`.
+    Ftrl, and the classes given a rule with `register_optimizer_rule`, each optionally
+    inside a `LossScaleOptimizer`.
+
+    The update of a group is a chain of small transforms on the stacked gradients
+    (`_transforms`: unscaling, the finiteness gate, gradient accumulation, clipping), then
+    weight decay and each family's rule with the members' hyperparameters as data, and the
+    old values kept for members that take no step.
 
     Args:
         optimizers: One Keras optimizer per member, not yet used or already built (their
@@ -217,8 +170,8 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         self._loss_scale_ref = _Reference(variable)
 
     @property
-    def _loss_scale(self):
-        """The pack's loss-scale variable (held, not tracked: it is the pack's, not ours)."""
+    def loss_scale_variable(self):
+        """The pack's loss-scale variable, or `None` (held, not tracked: it is the pack's)."""
         return self._loss_scale_ref.value
 
     @property
@@ -291,7 +244,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         """Lets the optimizers of members outside the groups finalize their weights."""
         for optimizer in self._outside.value.values():
             if optimizer.built:
-                optimizer.finalize_variable_values(optimizer._trainable_variables)
+                optimizer.finalize_variable_values(_upstream.optimizer_variables_list(optimizer))
 
     # State ---------------------------------------------------------------------------
 
@@ -300,8 +253,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return
         super().build(variables)
         self._group_of = [self._variable_groups.get(id(v), 0) for v in variables]
-        self._group_runs = [_runs([self._settings[i].rule for i in ids]) for ids in self._groups]
-        self._slots = {}
+        self._group_runs = [
+            _transforms.runs([self._settings[i].rule for i in ids]) for ids in self._groups
+        ]
+        self._slots = {k: {} for k in range(len(variables))}
         rules = []
         for settings in self._settings:
             if settings.rule is not None and settings.rule not in rules:
@@ -359,7 +314,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     dtype=variable.dtype,
                     name=name,
                 )
-            self._slots[(k, r, name)] = slot
+            self._slots[k][(r, name)] = slot
 
     # Update ----------------------------------------------------------------------------
 
@@ -379,7 +334,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     "must already be built. Call `optimizer.build(trainable_variables)` "
                     "first."
                 )
-            trainable_variables = self._trainable_variables
+            trainable_variables = self.stacked_variables
         else:
             trainable_variables = list(trainable_variables)
             if not self.built:
@@ -387,7 +342,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     self.build(trainable_variables)
                 self.built = True
         pairs = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
-        scale = self._loss_scale
+        scale = self.loss_scale_variable
         if scale is not None:
             pairs = [(g, v) for g, v in pairs if v is not scale]
             scale_grad = next(
@@ -399,7 +354,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 grads = [ops.convert_to_tensor(g) for g, _ in pairs]
                 variables = [v for _, v in pairs]
                 self._vectorized_update(grads, variables, None if scale is None else scale_grad)
-        self._iterations.assign_add(1)
+        _upstream.iterations_variable(self).assign_add(1)
 
     def _vectorized_update(self, grads, variables, scale_grad):
         from keras_gpushare.pack import replicas
@@ -423,10 +378,6 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
         _upstream.maybe_merge_call(assign_all, context.strategy, [value for _, value in updates])
 
-    def _per_member(self, values, rank, dtype):
-        values = np.asarray(values, dtype="float64").astype(keras.backend.standardize_dtype(dtype))
-        return ops.convert_to_tensor(np.reshape(values, (len(values),) + (1,) * (rank - 1)))
-
     def _learning_rates(self):
         rates = ops.convert_to_tensor(self.member_learning_rate)
         if not any(s.schedule is not None for s in self._settings):
@@ -437,49 +388,6 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             for i, s in enumerate(self._settings)
         ]
         return ops.stack(per_member)
-
-    def _clip(self, grads, ids):
-        """Each member's gradient clipping (`clipnorm` per variable, then global, then value)."""
-        clips = {name: [self._settings[i].clip[name] for i in ids] for name in _CLIP_OPTIONS}
-        k = len(ids)
-
-        def member_sums(g):
-            return ops.sum(ops.square(g), axis=tuple(range(1, len(g.shape))))
-
-        def shaped(values, rank, dtype):
-            return self._per_member(values, rank, dtype)
-
-        if any(c is not None for c in clips["clipnorm"]):
-            use = np.asarray([c is not None for c in clips["clipnorm"]])
-            limits = [c if c is not None else 1.0 for c in clips["clipnorm"]]
-            clipped = []
-            for g in grads:
-                rank = len(g.shape)
-                l2sum = ops.reshape(member_sums(g), (k,) + (1,) * (rank - 1))
-                safe = ops.where(l2sum > 0, l2sum, ops.ones_like(l2sum))
-                l2norm = ops.where(l2sum > 0, ops.sqrt(safe), l2sum)
-                limit = shaped(limits, rank, g.dtype)
-                c = (g * limit) / ops.maximum(l2norm, limit)
-                clipped.append(ops.where(shaped(use, rank, "bool"), c, g))
-            grads = clipped
-        if any(c is not None for c in clips["global_clipnorm"]):
-            use = [c is not None for c in clips["global_clipnorm"]]
-            limit = np.asarray([c if c is not None else 1.0 for c in clips["global_clipnorm"]])
-            norm = ops.sqrt(sum(member_sums(g) for g in grads))
-            limit = ops.convert_to_tensor(limit.astype("float32"))
-            scale = limit * ops.minimum(1.0 / norm, 1.0 / limit) + (norm - norm)
-            scale = ops.where(ops.convert_to_tensor(np.asarray(use)), scale, ops.ones_like(scale))
-            grads = [g * ops.reshape(scale, (k,) + (1,) * (len(g.shape) - 1)) for g in grads]
-        if any(c is not None for c in clips["clipvalue"]):
-            values = [c if c is not None else np.inf for c in clips["clipvalue"]]
-            grads = [
-                ops.minimum(
-                    ops.maximum(g, -shaped(values, len(g.shape), g.dtype)),
-                    shaped(values, len(g.shape), g.dtype),
-                )
-                for g in grads
-            ]
-        return grads
 
     def _new_values(self, grads, variables, scale_grad):
         """Every variable's new value after this step: `[(variable, value)]`.
@@ -498,13 +406,13 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         else:
             steps = ops.cast(ops.floor_divide(iterations, periods) + 1, "float32")
         rates = self._learning_rates()
-        dynamic = self._loss_scale is not None and self.uses_dynamic_loss_scale
+        dynamic = self.loss_scale_variable is not None and self.uses_dynamic_loss_scale
         divisor = None
         if dynamic or np.any(self.loss_scale_factors() != 1.0):
             divisor = ops.convert_to_tensor(self.loss_scale_factors())
             if dynamic:
-                divisor = divisor * ops.convert_to_tensor(self._loss_scale)
-        index = {id(v): k for k, v in enumerate(self._trainable_variables)}
+                divisor = divisor * ops.convert_to_tensor(self.loss_scale_variable)
+        index = {id(v): k for k, v in enumerate(self.stacked_variables)}
         states = {name: ops.convert_to_tensor(s) for name, s in self._states.items()}
         context = _StepContext(mask, iterations, steps, rates, divisor, states)
         updates = []
@@ -557,184 +465,109 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             )
         return k
 
+    def _gradient_transform(self, settings, members, context, pick):
+        """The transforms of a group's gradients before its rules, as one."""
+        return _transforms.chain(
+            _transforms.unscale(None if context.divisor is None else pick(context.divisor)),
+            _transforms.apply_if_finite(
+                pick(context.mask),
+                self.skip_nonfinite,
+                [s.dynamic_scale is not None for s in settings],
+            ),
+            _transforms.multi_steps(
+                [s.accumulation or 1 for s in settings],
+                pick(context.iterations),
+                self._accumulators and [self._accumulators[k] for k, _, _ in members],
+            ),
+            _transforms.clip(*([s.clip[name] for s in settings] for name in _CLIP_OPTIONS)),
+        )
+
     def _group_step(self, group, ids, members, context):
         """One group's update; returns its updates, its flags (k,) and its advanced state."""
-        k = len(ids)
+        settings = [self._settings[i] for i in ids]
         take = np.asarray(ids, "int32")
         whole = list(ids) == list(range(self.n_members))
 
         def pick(vector):
             return vector if whole else ops.take(vector, take, axis=0)
 
-        cache = {}
-
-        def once(make, *args):
-            """`make(*args)`, made once per group."""
-            key = (make, *args)
-            if key not in cache:
-                cache[key] = make(*args)
-            return cache[key]
-
-        def member_axis(vector, rank, dtype=None):
-            """A (m,) tensor shaped (m, 1, ...) to broadcast against rank-`rank` slices."""
-            value = ops.reshape(vector, (vector.shape[0],) + (1,) * (rank - 1))
-            return value if dtype is None else ops.cast(value, dtype)
-
-        grads = [ops.cast(g, v.dtype) for _, g, v in members]
-        if context.divisor is not None:
-            divisor = pick(context.divisor)
-            grads = [g / member_axis(divisor, len(g.shape), g.dtype) for g in grads]
-        scaled = np.asarray([self._settings[i].dynamic_scale is not None for i in ids])
-        if self.skip_nonfinite or scaled.any():
-            finite = None
-            for g in grads:
-                ok = ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
-                finite = ok if finite is None else ops.logical_and(finite, ok)
-        else:
-            # Every step is applied, so no member is reported as skipping one (`nonfinite`),
-            # and the gradients need no pass to check them.
-            finite = ops.ones((k,), dtype="bool")
-        applies = finite
-        if not self.skip_nonfinite and scaled.any():
-            # As plain Keras: a non-finite step is applied, unless the member's own
-            # LossScaleOptimizer would skip it.
-            applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
-        active = ops.logical_and(pick(context.mask), applies)
-        accumulation = [self._settings[i].accumulation or 1 for i in ids]
-        updated = active
-        used = grads
-        accumulators = None
-        if any(a > 1 for a in accumulation):
-            period = ops.convert_to_tensor(np.asarray(accumulation, "int32"))
-            is_update = ops.equal((pick(context.iterations) + 1) % period, 0)
-            updated = ops.logical_and(active, is_update)
-            accumulators = [ops.convert_to_tensor(self._accumulators[kk]) for kk, _, _ in members]
-            divide = np.asarray(accumulation, "float32")
-            used = [
-                ops.where(
-                    self._per_member(np.asarray(accumulation) > 1, len(g.shape), "bool"),
-                    (g + acc) / self._per_member(divide, len(g.shape), g.dtype),
-                    g,
-                )
-                for g, acc in zip(grads, accumulators)
-            ]
-        used = self._clip(used, ids)
-        group_rates = pick(context.rates)
-        group_steps = pick(context.steps)
-        runs = self._group_runs[group]
-
-        def part(tensor, a, b):
-            return tensor if (a, b) == (0, k) else tensor[a:b]
-
-        run_states = []
-        group_states = {}
-        for rule, a, b in runs:
-            h = [self._settings[i].hyper for i in ids[a:b]]
-            names = list(rule.initial_state(h))
-            if not names:
-                run_states.append({})
-                continue
-            hyper_1d = {
-                name: ops.convert_to_tensor(np.asarray([x[name] for x in h], "float32"))
-                for name in h[0]
-            }
-            current = {name: ops.take(context.states[name], take[a:b], axis=0) for name in names}
-            advanced = rule.advance(current, hyper_1d, part(group_steps, a, b))
-            run_states.append(advanced)
-            for name, value in advanced.items():
-                previous = group_states.get(name, pick(context.states[name]))
-                group_states[name] = ops.concatenate([previous[:a], value, previous[b:]], axis=0)
-
-        def run_context(r, rank, dtype):
-            rule, a, b = runs[r]
-            h = [self._settings[i].hyper for i in ids[a:b]]
-            hyper = {name: self._per_member([x[name] for x in h], rank, dtype) for name in h[0]}
-            lr = part(once(lr_of, rank, dtype), a, b)
-            step = member_axis(part(group_steps, a, b), rank, dtype)
-            return {
-                "hyper": {**hyper, **rule.step_terms(hyper, lr, step)},
-                "state": {name: member_axis(s, rank, dtype) for name, s in run_states[r].items()},
-                "step": step,
-                "lr": lr,
-                "keep": member_axis(part(updated, a, b), rank),
-            }
-
-        def lr_of(rank, dtype):
-            return member_axis(group_rates, rank, dtype)
-
-        decays = [self._settings[i].weight_decay for i in ids]
-
-        def decay_of(rank, dtype):
-            return self._per_member([w or 0.0 for w in decays], rank, dtype)
-
-        def keep_of(rank):
-            return member_axis(updated, rank)
-
-        updates = []
+        gradient_step = self._gradient_transform(settings, members, context, pick)
+        step = gradient_step(
+            _transforms.GradientStep([ops.cast(g, v.dtype) for _, g, v in members])
+        )
+        hyper = _transforms.MemberHyperparameters(
+            self._group_runs[group],
+            [s.hyper for s in settings],
+            pick(context.rates),
+            pick(context.steps),
+            [s.weight_decay for s in settings],
+        )
+        run_states, advanced = _transforms.advance_rule_states(hyper, context.states, take, pick)
         kept = []
-        for (kk, _, variable), g, raw in zip(members, used, grads):
-            rank, dtype = len(variable.shape), variable.dtype
+        for (k, _, variable), g in zip(members, step.grads):
+            old_slots = {key: ops.convert_to_tensor(slot) for key, slot in self._slots[k].items()}
             old = ops.convert_to_tensor(variable)
-            value = old
-            if any(w is not None for w in decays):
-                wd = once(decay_of, rank, dtype)
-                value = value - value * wd * once(lr_of, rank, dtype)
-            pieces = []
-            g_runs, value_runs = _run_parts(g, runs), _run_parts(value, runs)
-            for r, (rule, a, b) in enumerate(runs):
-                run = once(run_context, r, rank, dtype)
-                slot_names = list(rule.slots([self._settings[i].hyper for i in ids[a:b]]))
-                old_slots = {
-                    name: ops.convert_to_tensor(self._slots[(kk, r, name)]) for name in slot_names
-                }
-                new_value, new_slots = rule.update(
-                    g_runs[r],
-                    value_runs[r],
-                    old_slots,
-                    run["hyper"],
-                    run["lr"],
-                    run["step"],
-                    run["state"],
-                )
-                pieces.append(new_value)
-                for name in slot_names:
-                    kept.append(
-                        (self._slots[(kk, r, name)], new_slots[name], old_slots[name], run["keep"])
-                    )
-            new_value = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)
-            kept.append((variable, new_value, old, once(keep_of, rank)))
-            if accumulators is not None:
-                acc = accumulators[[m[0] for m in members].index(kk)]
-                shape = (k,) + (1,) * (rank - 1)
-                accumulate = ops.reshape(ops.logical_and(active, ops.logical_not(is_update)), shape)
-                reset = ops.reshape(updated, shape)
-                new_acc = ops.where(
-                    accumulate, acc + raw, ops.where(reset, ops.zeros_like(acc), acc)
-                )
-                updates.append((self._accumulators[kk], new_acc))
-        updates.extend(_kept_unchanged(kept, updated))
-        return updates, finite, active, updated, group_states
+            new, new_slots = _transforms.apply_rule(
+                g, _transforms.decay(old, hyper), old_slots, hyper, run_states
+            )
+            for r, (_, a, b) in enumerate(hyper.runs):
+                for name, value in new_slots[r].items():
+                    kept.append((self._slots[k][(r, name)], value, old_slots[(r, name)], (a, b)))
+            kept.append((variable, new, old, (0, len(ids))))
+        updates = [*step.updates, *_transforms.keep_unchanged(kept, step.updated)]
+        return updates, step.finite, step.active, step.updated, advanced
 
     def _scale_updates(self, finite, scale_grad):
         """The dynamic loss scales' update, as Keras's `LossScaleOptimizer` makes it."""
-        scale = ops.convert_to_tensor(self._loss_scale)
-        counter = ops.convert_to_tensor(self.scale_counter)
-        dynamic = np.asarray([s.dynamic_scale is not None for s in self._settings])
-        growth = np.asarray(
-            [s.dynamic_scale[1] if s.dynamic_scale else 1 for s in self._settings], "int32"
+        trained = np.asarray([s.dynamic_scale is not None for s in self._settings])
+        new_scale, new_counter = _transforms.dynamic_loss_scale(
+            ops.convert_to_tensor(self.loss_scale_variable),
+            ops.convert_to_tensor(self.scale_counter),
+            finite,
+            [s.dynamic_scale[1] if s.dynamic_scale else 1 for s in self._settings],
+            ops.convert_to_tensor(trained),
+            scale_grad,
         )
-        trained = ops.convert_to_tensor(dynamic)
-        if scale_grad is not None:
-            trained = ops.logical_and(trained, ops.isfinite(ops.convert_to_tensor(scale_grad)))
-        grow = ops.equal(counter, ops.convert_to_tensor(growth) - 1)
-        new_scale = ops.where(finite, ops.where(grow, scale * 2.0, scale), scale * 0.5)
-        new_counter = ops.where(finite, ops.where(grow, 0, counter + 1), 0)
-        return [
-            (self._loss_scale, ops.where(trained, new_scale, scale)),
-            (self.scale_counter, ops.where(trained, new_counter, counter)),
-        ]
+        return [(self.loss_scale_variable, new_scale), (self.scale_counter, new_counter)]
 
     # Members' own optimizers ---------------------------------------------------------
+
+    @property
+    def stacked_variables(self):
+        """The stacked variables this optimizer was built with, in slot order."""
+        return list(_upstream.optimizer_variables_list(self))
+
+    def member_settings(self, index):
+        """What this optimizer keeps of member `index`'s optimizer (`MemberSettings`)."""
+        return self._settings[index]
+
+    @property
+    def member_states(self):
+        """`{name: (N,) variable}`: the rules' per-member scalar state (Nadam's, ...)."""
+        return dict(self._states)
+
+    def member_slots(self, member_ids, j):
+        """Member `j` of group `member_ids`: its row in its run's slots and those slots.
+
+        Returns:
+            `(row, {(variable index, slot name): stacked slot})`, the slots of the run of
+            members sharing member `j`'s rule, member `j`'s slice at `row` of each.
+        """
+        group = self._groups.index(tuple(member_ids))
+        run, (_, start, _) = next(
+            (r, run) for r, run in enumerate(self._group_runs[group]) if run[1] <= j < run[2]
+        )
+        slots = {
+            (k, name): slot
+            for k, by_run in self._slots.items()
+            for (r, name), slot in by_run.items()
+            if r == run and self._group_of[k] == group
+        }
+        return j - start, slots
+
+    def accumulator(self, k):
+        """The gradient accumulator of stacked variable `k`, or `None` without accumulation."""
+        return None if self._accumulators is None else self._accumulators[k]
 
     def write_state_to(
         self, optimizers: Sequence[keras.optimizers.Optimizer], variable_map, member_ids=None
