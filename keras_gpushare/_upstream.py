@@ -534,10 +534,12 @@ def copy_callbacks(tuner: Any, callbacks: list[Any]) -> list[Any]:
     return tuner._deepcopy_callbacks(callbacks)
 
 
-def configure_tensorboard_dir(tuner: Any, callbacks: list[Any], trial: Any) -> None:
-    """Points `TensorBoard` callbacks at the trial's own log folder:
-    `_configure_tensorboard_dir`."""
-    tuner._configure_tensorboard_dir(callbacks, trial)
+def configure_tensorboard_dir(
+    tuner: Any, callbacks: list[Any], trial: Any, execution: int = 0
+) -> None:
+    """Points `TensorBoard` callbacks at one execution's log folder of a trial:
+    `_configure_tensorboard_dir(callbacks, trial, execution)`."""
+    tuner._configure_tensorboard_dir(callbacks, trial, execution)
 
 
 def run_and_update_trial(tuner: Any, trial: Any, *fit_args: Any, **fit_kwargs: Any) -> None:

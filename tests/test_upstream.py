@@ -663,6 +663,12 @@ def test_kt_tuner_internals(kt, tmp_path):
     trial = tuner.oracle.create_trial(tuner.tuner_id)
     _upstream.configure_tensorboard_dir(tuner, copies, trial)
     assert trial.trial_id in copies[0].log_dir
+    log_dirs = []
+    for execution in (0, 1):
+        callbacks = [keras.callbacks.TensorBoard(str(tmp_path / "tb"))]
+        _upstream.configure_tensorboard_dir(tuner, callbacks, trial, execution)
+        log_dirs.append(callbacks[0].log_dir)
+    assert [os.path.basename(d) for d in log_dirs] == ["execution0", "execution1"]
     x, y = np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
     _upstream.run_and_update_trial(tuner, trial, x, y, epochs=1, verbose=0)
     assert tuner.oracle.get_trial(trial.trial_id).metrics.exists("loss")

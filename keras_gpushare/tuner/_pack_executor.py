@@ -5,13 +5,13 @@ from __future__ import annotations
 import gc
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.tuner._executor import RoundExecutor, TrialCalls, TrialOutcome
 from keras_gpushare.tuner._trial_callbacks import (
     BestCheckpoint,
     PackTrials,
@@ -25,54 +25,57 @@ logger = logging.getLogger("keras_gpushare.tuner")
 trial_module = _upstream.kt_trial_module()
 
 
-@dataclass
-class TrialOutcome:
-    """What `Tuner.run_trial` would have returned for a trial, or the error it raised."""
+class PackExecutor(RoundExecutor):
+    """The "pack" executor: each round of trials trains together as `ModelPack`s.
 
-    results: list[keras.callbacks.History] | None = None
-    error: BaseException | None = None
-
-
-def run_trials(tuner: Any, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
-    """Trains `trials` (each with its `executions_per_trial` executions) together.
-
-    A trial whose model trains itself (it overrides `fit`, `train_step`, `test_step` or
-    `compute_loss`), or whose pack of executions raises, runs after the packs with
-    KerasTuner's own `run_trial`, exactly as KerasTuner would run it.
-
-    Returns:
-        `{trial_id: TrialOutcome}`: per trial, one `History` per execution (as KerasTuner's
-        `Tuner.run_trial` returns them), or the exception that building or training it
-        raised. Nothing is reported to the oracle here.
+    Args:
+        calls: what training a trial needs from the tuner.
     """
-    keras.backend.clear_session()
-    gc.collect()
-    outcomes: dict[str, TrialOutcome] = {}
-    alone: dict[str, tuple] = {}
-    runs: list[TrialRun] = []
-    for trial in trials:
-        try:
-            trial_runs = _prepare(tuner, trial, fit_kwargs)
-        except Exception as e:
-            outcomes[trial.trial_id] = TrialOutcome(error=e)
-            continue
-        own = _own_training(trial_runs[0].model)
-        if own:
-            alone[trial.trial_id] = (trial, f"its model overrides {own}")
-        else:
-            runs.extend(trial_runs)
-    for group in _groups(runs, fit_kwargs):
-        _fit_group(tuner, group, fit_args, fit_kwargs, outcomes, alone)
-    by_trial: dict[str, list[TrialRun]] = defaultdict(list)
-    for run in runs:
-        by_trial[run.trial.trial_id].append(run)
-    for trial_id, trial_runs in by_trial.items():
-        if trial_id not in outcomes and trial_id not in alone:
-            outcomes[trial_id] = TrialOutcome(results=[run.results() for run in trial_runs])
-    # KerasTuner's run_trial clears the Keras session: only once every pack has trained.
-    for trial_id, (trial, reason) in alone.items():
-        outcomes[trial_id] = _run_alone(tuner, trial, reason, fit_args, fit_kwargs)
-    return outcomes
+
+    def __init__(self, calls: TrialCalls) -> None:
+        self.calls = calls
+
+    def run_round(self, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
+        """Trains `trials` (each with its `executions_per_trial` executions) together.
+
+        A trial whose model trains itself (it overrides `fit`, `train_step`, `test_step` or
+        `compute_loss`), or whose pack of executions raises, runs after the packs with
+        KerasTuner's own `run_trial`, exactly as KerasTuner would run it.
+
+        Returns:
+            `{trial_id: TrialOutcome}`: per trial, one `History` per execution (as
+            KerasTuner's `Tuner.run_trial` returns them), or the exception that building or
+            training it raised. Nothing is reported to the oracle here.
+        """
+        calls = self.calls
+        keras.backend.clear_session()
+        gc.collect()
+        outcomes: dict[str, TrialOutcome] = {}
+        alone: dict[str, tuple] = {}
+        runs: list[TrialRun] = []
+        for trial in trials:
+            try:
+                trial_runs = _prepare(calls, trial, fit_kwargs)
+            except Exception as e:
+                outcomes[trial.trial_id] = TrialOutcome(error=e)
+                continue
+            own = _own_training(trial_runs[0].model)
+            if own:
+                alone[trial.trial_id] = (trial, f"its model overrides {own}")
+            else:
+                runs.extend(trial_runs)
+        for group in _groups(runs, fit_kwargs):
+            _fit_group(calls, group, fit_args, fit_kwargs, outcomes, alone)
+        by_trial: dict[str, list[TrialRun]] = defaultdict(list)
+        for run in runs:
+            by_trial[run.trial.trial_id].append(run)
+        for trial_id, trial_runs in by_trial.items():
+            if trial_id not in outcomes and trial_id not in alone:
+                outcomes[trial_id] = TrialOutcome(results=[run.results() for run in trial_runs])
+        # KerasTuner's run_trial clears the Keras session: only once every pack has trained.
+        for trial_id, (trial, reason) in alone.items():
+            outcomes[trial_id] = _run_alone(calls, trial, reason, fit_args, fit_kwargs)
+        return outcomes
 
 
 def _own_training(model: keras.Model) -> str:
@@ -82,31 +85,31 @@ def _own_training(model: keras.Model) -> str:
     return ", ".join(own)
 
 
-def _run_alone(tuner: Any, trial: Any, reason: str, fit_args: tuple, fit_kwargs: dict) -> Any:
+def _run_alone(
+    calls: TrialCalls, trial: Any, reason: str, fit_args: tuple, fit_kwargs: dict
+) -> TrialOutcome:
     logger.warning(
         "Trial %s runs alone with KerasTuner's run_trial, as KerasTuner runs it: %s.",
         trial.trial_id,
         reason,
     )
     try:
-        return TrialOutcome(results=tuner.run_trial(trial, *fit_args, **dict(fit_kwargs)))
+        return TrialOutcome(results=calls.run_alone(trial, *fit_args, **dict(fit_kwargs)))
     except Exception as e:
         return TrialOutcome(error=e)
 
 
-def _prepare(tuner: Any, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
+def _prepare(calls: TrialCalls, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
     """Builds the trial's models (one per execution) and their callbacks, as KerasTuner."""
-    checkpoint = BestCheckpoint(
-        tuner.oracle.objective, _upstream.checkpoint_file(tuner, trial.trial_id)
-    )
+    checkpoint = BestCheckpoint(calls.objective, calls.checkpoint_file(trial.trial_id))
     values = trial.hyperparameters.values
     last_epoch = values.get("tuner/epochs", fit_kwargs.get("epochs", 1))
     runs = []
-    for execution in range(tuner.executions_per_trial):
-        callbacks = _upstream.copy_callbacks(tuner, list(fit_kwargs.get("callbacks") or []))
-        tuner._configure_tensorboard_dir(callbacks, trial, execution)
-        model = tuner._build_trial_model(trial.hyperparameters)
-        runs.append(TrialRun(tuner, trial, execution, model, callbacks, last_epoch, checkpoint))
+    for execution in range(calls.executions_per_trial):
+        callbacks = calls.copy_callbacks(list(fit_kwargs.get("callbacks") or []))
+        calls.configure_tensorboard(callbacks, trial, execution)
+        model = calls.build_model(trial.hyperparameters)
+        runs.append(TrialRun(calls, trial, execution, model, callbacks, last_epoch, checkpoint))
     return runs
 
 
@@ -168,7 +171,7 @@ def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
 
 
 def _fit_group(
-    tuner: Any,
+    calls: TrialCalls,
     runs: list[TrialRun],
     fit_args: tuple,
     fit_kwargs: dict,
@@ -179,16 +182,16 @@ def _fit_group(
     try:
         # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
         # scoring (best finite epoch, or INVALID) sees the same history.
-        pack = ModelPack([run.model for run in runs], fuse=tuner.fuse, on_nan="ignore")
+        pack = ModelPack([run.model for run in runs], fuse=calls.fuse, on_nan="ignore")
         callbacks = [cb for run in runs for cb in run.callbacks]
-        batch_hooks = tuner._uses_batch_hooks() or implements_batch_hooks(callbacks)
+        batch_hooks = calls.batch_hooks or implements_batch_hooks(callbacks)
         pack.compile(**_compile_args(runs, batch_hooks))
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
         hooks = PackTrialsWithBatches if batch_hooks else PackTrials
         # Checkpoints hold weights alone: the trials' optimizer state is refreshed at each
         # epoch end only for the user's callbacks and tuner hooks.
-        optimizer_state = bool(callbacks) or tuner._uses_epoch_end_hook()
+        optimizer_state = bool(callbacks) or calls.epoch_end_hook
         kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"], optimizer_state)]
         values = runs[0].trial.hyperparameters.values
         kwargs["initial_epoch"] = values.get("tuner/initial_epoch", kwargs.get("initial_epoch", 0))
@@ -204,7 +207,7 @@ def _fit_group(
         pack.fit(*fit_args, **kwargs)
         for run in runs:
             if run.execution == 0:
-                tuner._save_build_config(run.trial.trial_id, run.model)
+                calls.save_build_config(run.trial.trial_id, run.model)
     except Exception as e:
         for run in runs:
             run.checkpoint.clear()
@@ -220,10 +223,10 @@ def _fit_group(
         )
         for trial in dict.fromkeys(run.trial for run in runs):
             try:
-                again = _prepare(tuner, trial, fit_kwargs)
+                again = _prepare(calls, trial, fit_kwargs)
             except Exception as error:
                 outcomes[trial.trial_id] = TrialOutcome(error=error)
                 continue
-            _fit_group(tuner, again, fit_args, fit_kwargs, outcomes, alone)
+            _fit_group(calls, again, fit_args, fit_kwargs, outcomes, alone)
             if trial.trial_id not in outcomes and trial.trial_id not in alone:
                 outcomes[trial.trial_id] = TrialOutcome(results=[r.results() for r in again])

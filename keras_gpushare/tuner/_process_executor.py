@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ import grpc
 import keras_tuner
 
 from keras_gpushare import _upstream
+from keras_gpushare.tuner._executor import Executor, WorkerLaunch
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
@@ -90,10 +92,38 @@ class _SpecPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _spec_bytes(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> tuple[bytes, list[str]]:
+class ProcessExecutor(Executor):
+    """The "processes" executor: K worker processes, each running one trial at a time.
+
+    The tuner's chief (`run_chief`) starts the workers; each rebuilds the tuner from its
+    class and arguments and runs KerasTuner's worker loop, so no trial runs through `run`.
+
+    Args:
+        parallel_trials: worker processes to start.
+        memory_limit_mb: each worker's GPU memory cap in MiB, or `None` for memory growth.
+        tuner_class: the tuner's class.
+        init_args: the positional arguments the tuner was made with.
+        init_kwargs: the keyword arguments the tuner was made with.
+    """
+
+    def __init__(
+        self,
+        parallel_trials: int,
+        memory_limit_mb: int | None,
+        tuner_class: type,
+        init_args: tuple,
+        init_kwargs: dict,
+    ) -> None:
+        self.workers = WorkerLaunch(
+            parallel_trials, memory_limit_mb, tuner_class, init_args, init_kwargs
+        )
+
+
+def _spec_bytes(
+    launch: WorkerLaunch, oracle: Any, fit_args: tuple, fit_kwargs: dict
+) -> tuple[bytes, list[str]]:
     import io
 
-    oracle = tuner.oracle
     inner = getattr(oracle, "oracle", oracle)
     placeholder = (
         inner.objective,
@@ -101,11 +131,12 @@ def _spec_bytes(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> tuple[bytes, l
         inner.allow_new_entries,
         inner.tune_new_entries,
     )
-    args, kwargs = tuner._init_call
     buffer = io.BytesIO()
     pickler = _SpecPickler(buffer, (oracle, inner), placeholder)
     try:
-        pickler.dump((type(tuner), args, kwargs, fit_args, fit_kwargs))
+        pickler.dump(
+            (launch.tuner_class, launch.init_args, launch.init_kwargs, fit_args, fit_kwargs)
+        )
     except Exception as e:
         raise ValueError(
             'executor="processes" sends your tuner\'s class and arguments, the hypermodel '
@@ -271,28 +302,42 @@ def _start_server(oracle: Any, bind: str, threads: int) -> tuple[grpc.Server, in
     return server, port, servicer
 
 
-def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
-    """Serves the oracle until the search is done, with K local workers for "processes".
+def run_chief(
+    oracle: Any,
+    launch: WorkerLaunch | None,
+    on_search_begin: Callable[[], None],
+    on_search_end: Callable[[], None],
+    fit_args: tuple,
+    fit_kwargs: dict,
+) -> None:
+    """Serves `oracle` until the search is done, with the executor's local workers, if any.
 
-    With executor="pack" (a KerasTuner chief, `KERASTUNER_TUNER_ID=chief`), the chief only
-    serves, as KerasTuner's does: its workers run the trials, in packs.
+    Args:
+        oracle: the tuner's `ParallelOracle`.
+        launch: the worker processes to start (the executor's `workers`). With `None` (a
+            KerasTuner chief, `KERASTUNER_TUNER_ID=chief`, of an executor that runs trials
+            in its own process), the chief only serves, as KerasTuner's does: its workers
+            run the trials.
+        on_search_begin: the tuner's `on_search_begin`.
+        on_search_end: the tuner's `on_search_end`.
+        fit_args: positional arguments of the search's `fit`.
+        fit_kwargs: keyword arguments of the search's `fit`.
     """
-    local = tuner.parallel_trials if tuner.executor == "processes" else 0
+    local = launch.count if launch is not None else 0
     spec_path = None
     if local:
-        spec, main_names = _spec_bytes(tuner, fit_args, fit_kwargs)
+        spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
         main_path = _check_main(main_names)
         header = WorkerHeader(
             sys_path=list(sys.path),
             cwd=os.getcwd(),
             main_path=main_path,
-            memory_limit_mb=tuner.memory_limit_mb,
+            memory_limit_mb=launch.memory_limit_mb,
         )
         fd, spec_path = tempfile.mkstemp(prefix="kg-tuner-spec-", suffix=".pkl")
         with os.fdopen(fd, "wb") as f:
             pickle.dump(header, f)
             f.write(spec)
-    oracle = tuner.oracle
     bind, dial = _chief_address()
     server, port, servicer = _start_server(oracle, bind, threads=max(local, 1) + 4)
     logger.info(
@@ -314,7 +359,7 @@ def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
         command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
         slot.process = subprocess.Popen(command, env=env)
 
-    tuner.on_search_begin()
+    on_search_begin()
     try:
         if slots and _search_is_over(oracle, slots[0].tuner_id):
             slots = []
@@ -334,7 +379,7 @@ def run_chief(tuner: Any, fit_args: tuple, fit_kwargs: dict) -> None:
                     os.remove(path)
     if oracle.fatal_error is not None:
         raise oracle.fatal_error
-    tuner.on_search_end()
+    on_search_end()
 
 
 def _search_is_over(oracle: Any, tuner_id: str) -> bool:

@@ -10,6 +10,7 @@ import keras
 from keras_gpushare import _upstream
 from keras_gpushare.pack.member_callbacks import member_logs
 from keras_gpushare.tuner import _state
+from keras_gpushare.tuner._executor import TrialCalls
 
 trial_module = _upstream.kt_trial_module()
 
@@ -74,7 +75,7 @@ class TrialRun:
     """One execution of a trial while it trains as member `index` of a pack.
 
     Args:
-        tuner: the `ParallelTuner`.
+        calls: the `TrialCalls` the tuner handed its executor (its hooks run per epoch).
         trial: the trial.
         execution: the execution's number within the trial (0 for the first).
         model: the execution's compiled model (becomes the pack member).
@@ -85,7 +86,7 @@ class TrialRun:
 
     def __init__(
         self,
-        tuner: Any,
+        calls: TrialCalls,
         trial: trial_module.Trial,
         execution: int,
         model: keras.Model,
@@ -93,7 +94,7 @@ class TrialRun:
         last_epoch: int,
         checkpoint: BestCheckpoint,
     ) -> None:
-        self.tuner = tuner
+        self.calls = calls
         self.trial = trial
         self.execution = execution
         self.model = model
@@ -160,7 +161,7 @@ class PackTrials(keras.callbacks.Callback):
         for run in self._runs:
             if run.active:
                 mlogs = member_logs(logs, run.index)
-                run.tuner.on_epoch_begin(run.trial, run.model, epoch, logs=mlogs)
+                run.calls.on_epoch_begin(run.trial, run.model, epoch, logs=mlogs)
                 for callback in run.callbacks:
                     callback.on_epoch_begin(epoch, mlogs)
 
@@ -177,7 +178,7 @@ class PackTrials(keras.callbacks.Callback):
             mlogs = member_logs(logs, run.index)
             run.record(epoch, mlogs)
             run.checkpoint.update(run.model, mlogs)
-            run.tuner.on_epoch_end(run.trial, run.model, epoch, logs=mlogs)
+            run.calls.on_epoch_end(run.trial, run.model, epoch, logs=mlogs)
             for callback in run.callbacks:
                 callback.on_epoch_end(epoch, mlogs)
             if run.model.stop_training or epoch + 1 >= run.last_epoch:
@@ -203,7 +204,7 @@ class PackTrialsWithBatches(PackTrials):
         for run in self._runs:
             if run.active:
                 mlogs = member_logs(logs, run.index)
-                run.tuner.on_batch_begin(run.trial, run.model, batch, mlogs)
+                run.calls.on_batch_begin(run.trial, run.model, batch, mlogs)
                 for callback in run.callbacks:
                     callback.on_train_batch_begin(batch, mlogs)
 
@@ -211,6 +212,6 @@ class PackTrialsWithBatches(PackTrials):
         for run in self._runs:
             if run.active:
                 mlogs = member_logs(logs, run.index)
-                run.tuner.on_batch_end(run.trial, run.model, batch, mlogs)
+                run.calls.on_batch_end(run.trial, run.model, batch, mlogs)
                 for callback in run.callbacks:
                     callback.on_train_batch_end(batch, mlogs)

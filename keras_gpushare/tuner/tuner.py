@@ -15,6 +15,7 @@ from keras_tuner import errors
 
 from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
+from keras_gpushare.tuner._executor import Executor, TrialCalls, TrialFeed
 from keras_gpushare.tuner.oracle import ParallelOracle
 
 logger = logging.getLogger("keras_gpushare.tuner")
@@ -200,6 +201,45 @@ class ParallelTuner(keras_tuner.Tuner):
             overwrite=overwrite,
             **kwargs,
         )
+        self._executor = self._make_executor(executor)
+
+    def _make_executor(self, executor: str) -> Executor:
+        """The executor named `executor`: the one place that reads the argument."""
+        from keras_gpushare.tuner._pack_executor import PackExecutor
+        from keras_gpushare.tuner._process_executor import ProcessExecutor
+
+        args, kwargs = self._init_call
+        executors = {
+            "pack": lambda: PackExecutor(self._trial_calls()),
+            "processes": lambda: ProcessExecutor(
+                self.parallel_trials, self.memory_limit_mb, type(self), args, kwargs
+            ),
+        }
+        return executors[executor]()
+
+    def _trial_calls(self) -> TrialCalls:
+        """What an executor training trials in this process needs from this tuner."""
+        hooks = ("on_epoch_begin", "on_epoch_end", "on_batch_begin", "on_batch_end")
+        return TrialCalls(
+            objective=self.oracle.objective,
+            executions_per_trial=self.executions_per_trial,
+            fuse=self.fuse,
+            build_model=self._build_trial_model,
+            run_alone=lambda trial, *args, **kwargs: self.run_trial(trial, *args, **kwargs),
+            copy_callbacks=lambda callbacks: _upstream.copy_callbacks(self, callbacks),
+            configure_tensorboard=lambda callbacks, trial, execution: (
+                _upstream.configure_tensorboard_dir(self, callbacks, trial, execution)
+            ),
+            checkpoint_file=lambda trial_id: _upstream.checkpoint_file(self, trial_id),
+            save_build_config=self._save_build_config,
+            batch_hooks=any(_overrides(type(self), n) for n in hooks[2:]),
+            epoch_end_hook=_overrides(type(self), "on_epoch_end") is not None,
+            **{name: self._hook(name) for name in hooks},
+        )
+
+    def _hook(self, name: str) -> Any:
+        """Calls this tuner's hook `name` as it is when called (an instance may replace it)."""
+        return lambda *args, **kwargs: getattr(self, name)(*args, **kwargs)
 
     # Search ------------------------------------------------------------------------------
 
@@ -226,16 +266,16 @@ class ParallelTuner(keras_tuner.Tuner):
         # Write the project state before any trial exists, so that a run killed from
         # here on is always resumed (KerasTuner reloads only when the tuner file exists).
         self.save()
-        if self.executor == "processes" or _upstream.is_chief_oracle():
+        workers = self._executor.workers
+        if workers is not None or _upstream.is_chief_oracle():
             from keras_gpushare.tuner import _process_executor
 
-            _process_executor.run_chief(self, fit_args, fit_kwargs)
+            _process_executor.run_chief(
+                self.oracle, workers, self.on_search_begin, self.on_search_end, fit_args, fit_kwargs
+            )
             return
         self.on_search_begin()
-        if self._runs_alone() is None:
-            self._search_rounds(fit_args, fit_kwargs, remote=False)
-        else:
-            self._search_one_at_a_time(fit_args, fit_kwargs, remote=False)
+        self._search_trials(fit_args, fit_kwargs, remote=False)
         self.on_search_end()
 
     def _search_as_worker(self, fit_args: tuple, fit_kwargs: dict) -> None:
@@ -245,11 +285,20 @@ class ParallelTuner(keras_tuner.Tuner):
         # Trials travel whole (message, hyperparameters in order) to a chief of this package.
         self.oracle = _process_executor.chief_client(self.oracle)
         self.on_search_begin()
-        if self.executor == "pack" and self._runs_alone() is None:
-            self._search_rounds(fit_args, fit_kwargs, remote=True)
-        else:
-            self._search_one_at_a_time(fit_args, fit_kwargs, remote=True)
+        self._search_trials(fit_args, fit_kwargs, remote=True)
         self.on_search_end()
+
+    def _search_trials(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
+        """Runs trials in this process: through the executor, or one at a time."""
+        if self._executor.workers is None and self._runs_alone() is None:
+            feed = TrialFeed(
+                slots=self.parallel_trials,
+                next_trials=lambda slots: self._next_trials(slots, remote),
+                end_trials=self._end_round,
+            )
+            self._executor.run(feed, fit_args, fit_kwargs)
+        else:
+            self._search_one_at_a_time(fit_args, fit_kwargs, remote)
 
     def _runs_alone(self) -> str | None:
         """Why this tuner's trials must run one at a time through KerasTuner's code, if so."""
@@ -269,7 +318,7 @@ class ParallelTuner(keras_tuner.Tuner):
         if not reasons:
             return None
         reason = "; ".join(reasons)
-        if self.executor == "pack" and not getattr(self, "_warned_alone", False):
+        if not getattr(self, "_warned_alone", False):
             self._warned_alone = True
             message = (
                 f"ParallelTuner runs each trial alone, one at a time, as KerasTuner does, "
@@ -280,12 +329,6 @@ class ParallelTuner(keras_tuner.Tuner):
             warnings.warn(message, stacklevel=3)
             logger.warning(message)
         return reason
-
-    def _uses_batch_hooks(self) -> bool:
-        return any(_overrides(type(self), n) for n in ("on_batch_begin", "on_batch_end"))
-
-    def _uses_epoch_end_hook(self) -> bool:
-        return _overrides(type(self), "on_epoch_end") is not None
 
     def _search_one_at_a_time(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
         """KerasTuner's own loop, waiting instead of spinning while the oracle is IDLE."""
@@ -304,26 +347,27 @@ class ParallelTuner(keras_tuner.Tuner):
             _upstream.run_and_update_trial(self, trial, *fit_args, **fit_kwargs)
             self.on_trial_end(trial)
 
-    def _search_rounds(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
-        from keras_gpushare.tuner import _pack_executor
+    def _next_trials(self, slots: Any, remote: bool) -> list:
+        """A trial for each slot the oracle has one for, begun; `[]` when the search is over.
 
-        slots = [f"{self.tuner_id}-{i}" for i in range(self.parallel_trials)]
+        While the oracle answers IDLE, a remote worker waits (its chief's other workers end
+        trials); this process's own search ends, as no trial end can change the answer.
+        """
+        tuner_ids = [f"{self.tuner_id}-{i}" for i in slots]
         while True:
-            trials, stopped = self._next_round(slots, remote)
-            if not trials:
-                if stopped:
-                    break
-                if not remote:
-                    _warn_idle()
-                    break
-                time.sleep(_REMOTE_IDLE_WAIT_S)
-                continue
-            for trial in trials:
-                self.on_trial_begin(trial)
-            outcomes = _pack_executor.run_trials(self, trials, fit_args, fit_kwargs)
-            self._end_round(trials, outcomes)
+            trials, stopped = self._next_round(tuner_ids)
+            if trials:
+                for trial in trials:
+                    self.on_trial_begin(trial)
+                return trials
+            if stopped:
+                return []
+            if not remote:
+                _warn_idle()
+                return []
+            time.sleep(_REMOTE_IDLE_WAIT_S)
 
-    def _next_round(self, slots: list[str], remote: bool) -> tuple[list, bool]:
+    def _next_round(self, slots: list[str]) -> tuple[list, bool]:
         """Up to one trial per slot; whether the oracle answered STOPPED to every slot.
 
         Every slot asks, even after a STOPPED answer, so that each of them is told to stop

@@ -1,0 +1,166 @@
+"""The executor protocol of `ParallelTuner`: trials in, outcomes out.
+
+An executor trains the trials the tuner hands it and says how each one ended; it never
+sees the tuner. `ParallelTuner.__init__` builds one, once, from its `executor` argument
+(the one place that reads it), and hands it plain values and callables:
+
+- `TrialCalls`: what training a trial in this process needs from the tuner (building a
+  trial's model, running a trial alone with KerasTuner's `run_trial`, copying the search's
+  callbacks, checkpoint and build-config files, the tuner's per-epoch and per-batch hooks).
+- `TrialFeed`, at each `run`: where the trials come from and where their outcomes go
+  (`next_trials` asks the oracle for trials, one per slot; `end_trials` reports outcomes
+  to the oracle and ends the trials as KerasTuner would).
+- `WorkerLaunch`, for an executor whose trials run in worker processes: what the tuner's
+  chief needs to start them.
+
+Adding an executor (for instance a slot executor, which streams trials through the fixed
+slots of one compiled program and re-initialises a slot when its trial ends) takes one new
+module with an `Executor` subclass, built from `TrialCalls` and the tuner's plain
+arguments, and one line in the choice `ParallelTuner.__init__` makes
+(`ParallelTuner._make_executor`, plus the name in `_check_arguments`). A round executor implements
+`run_round(trials, fit_args, fit_kwargs)` (a `RoundExecutor`); a streaming one implements
+`run(feed, fit_args, fit_kwargs)` itself, asking `feed.next_trials([slot])` for a trial
+whenever a slot is free and passing each ended trial's outcome to `feed.end_trials`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+
+
+@dataclass
+class TrialOutcome:
+    """What `Tuner.run_trial` would have returned for a trial, or the error it raised."""
+
+    results: list[keras.callbacks.History] | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class TrialCalls:
+    """What an executor training trials in this process gets from the tuner.
+
+    Args:
+        objective: the oracle's `keras_tuner.Objective`.
+        executions_per_trial: models trained per trial (KerasTuner's `executions_per_trial`).
+        fuse: `ModelPack`'s `fuse` argument.
+        build_model: `build_model(hp)`: a trial's compiled model, as KerasTuner's
+            `Tuner._try_build` builds it, without clearing the Keras session.
+        run_alone: `run_alone(trial, *fit_args, **fit_kwargs)`: KerasTuner's `run_trial`
+            for one trial (the tuner's own, or its subclass's); returns its results.
+        copy_callbacks: `copy_callbacks(callbacks)`: one execution's copies of the search's
+            callbacks.
+        configure_tensorboard: `configure_tensorboard(callbacks, trial, execution)`: points
+            `TensorBoard` callbacks at the execution's log folder.
+        checkpoint_file: `checkpoint_file(trial_id)`: the trial's weights file.
+        save_build_config: `save_build_config(trial_id, model)`: writes the trial's build
+            config (which Hyperband's promoted trials are built from).
+        on_epoch_begin: the tuner's `on_epoch_begin(trial, model, epoch, logs=...)`.
+        on_epoch_end: the tuner's `on_epoch_end(trial, model, epoch, logs=...)`.
+        on_batch_begin: the tuner's `on_batch_begin(trial, model, batch, logs)`.
+        on_batch_end: the tuner's `on_batch_end(trial, model, batch, logs)`.
+        batch_hooks: whether the tuner's class overrides a batch hook (which then must see
+            each batch).
+        epoch_end_hook: whether the tuner's class overrides `on_epoch_end` (which may read
+            the models' optimizer state).
+    """
+
+    objective: Any
+    executions_per_trial: int
+    fuse: str | bool
+    build_model: Callable[[Any], keras.Model]
+    run_alone: Callable[..., Any]
+    copy_callbacks: Callable[[list], list]
+    configure_tensorboard: Callable[[list, Any, int], None]
+    checkpoint_file: Callable[[str], str]
+    save_build_config: Callable[[str, keras.Model], None]
+    on_epoch_begin: Callable[..., None]
+    on_epoch_end: Callable[..., None]
+    on_batch_begin: Callable[..., None]
+    on_batch_end: Callable[..., None]
+    batch_hooks: bool
+    epoch_end_hook: bool
+
+
+@dataclass(frozen=True)
+class TrialFeed:
+    """Where an executor's trials come from and where their outcomes go.
+
+    Args:
+        slots: how many trials may train at once (the tuner's `parallel_trials`).
+        next_trials: `next_trials(slots)`: asks the oracle for one trial per slot number in
+            `slots` and returns those to run, each begun (`on_trial_begin`); waits while a
+            remote chief has none yet; an empty list when the search is over.
+        end_trials: `end_trials(trials, outcomes)`: reports each trial's `TrialOutcome`
+            (`{trial_id: outcome}`) to the oracle and ends it, as KerasTuner would; raises
+            a `keras_tuner.errors.FatalError` (or the oracle's error) once all are ended.
+    """
+
+    slots: int
+    next_trials: Callable[[Sequence[int]], list]
+    end_trials: Callable[[list, dict], None]
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What the tuner's chief needs to start an executor's worker processes.
+
+    Args:
+        count: worker processes to start on this machine.
+        memory_limit_mb: each worker's GPU memory cap in MiB, or `None` for memory growth.
+        tuner_class: the tuner's class, which each worker rebuilds.
+        init_args: the positional arguments the tuner was made with.
+        init_kwargs: the keyword arguments the tuner was made with.
+    """
+
+    count: int
+    memory_limit_mb: int | None
+    tuner_class: type
+    init_args: tuple
+    init_kwargs: dict
+
+
+class Executor:
+    """Runs trials and reports their outcomes; built once by `ParallelTuner.__init__`.
+
+    Attributes:
+        workers: `None` when the trials run in this process through `run`; otherwise the
+            `WorkerLaunch` of the worker processes the tuner's chief starts, each of which
+            runs its trials one at a time with KerasTuner's `run_trial` (`run` is not
+            called).
+    """
+
+    workers: WorkerLaunch | None = None
+
+    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        """Trains the feed's trials, with the search's `fit` arguments, until none is left.
+
+        Args:
+            feed: the `TrialFeed` to take trials from and report outcomes to.
+            fit_args: positional arguments of the search's `fit`.
+            fit_kwargs: keyword arguments of the search's `fit`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} runs no trials in this process.")
+
+
+class RoundExecutor(Executor):
+    """An executor that trains trials a round at a time: one trial per slot, then the next."""
+
+    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        while True:
+            trials = feed.next_trials(range(feed.slots))
+            if not trials:
+                return
+            feed.end_trials(trials, self.run_round(trials, fit_args, fit_kwargs))
+
+    def run_round(self, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
+        """Trains `trials` together; nothing is reported to the oracle here.
+
+        Returns:
+            `{trial_id: TrialOutcome}` for every trial of the round.
+        """
+        raise NotImplementedError
