@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from keras_gpushare._bench.pack import interleaved, summarize
-from keras_gpushare._bench.workload import epoch_timer
+from keras_gpushare._seeds_benchmark.measure import interleaved, summarize
+from keras_gpushare._seeds_benchmark.workload import epoch_timer
 
 _EPOCHS, _WARMUP = 4, 2
 

@@ -25,7 +25,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help="comma-separated subset of: sequential,pool,pack-graph,pack-fused,torch-vmap",
+        help="comma-separated subset of: sequential,pool,pack-graph,pack-fused",
     )
     p.add_argument(
         "--architecture",
@@ -44,12 +44,6 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
         help="TensorFlow threads per process (0: TensorFlow's default)",
     )
     p.add_argument(
-        "--torch-threads",
-        default=None,
-        help="threads of the torch peer, comma-separated for one run each (default 1; 0: "
-        "torch's default)",
-    )
-    p.add_argument(
         "--plot",
         default=None,
         metavar="FILE.png",
@@ -64,7 +58,9 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from keras_gpushare._bench.pack import BenchConfig, format_report, run_pack_benchmark
+    from keras_gpushare._seeds_benchmark.config import BenchConfig
+    from keras_gpushare._seeds_benchmark.measure import measure, plan_runs
+    from keras_gpushare._seeds_benchmark.report import format_report
 
     config = BenchConfig.quick() if args.quick else BenchConfig.full()
     config = config.with_overrides(
@@ -75,13 +71,12 @@ def _run_bench(args: argparse.Namespace) -> int:
         architecture=args.architecture,
         repeats=args.repeats,
         threads=args.threads,
-        torch_threads=args.torch_threads,
     )
     if args.plot:
-        from keras_gpushare._bench import plot
+        from keras_gpushare._seeds_benchmark import plot
 
         plot.check_plot_path(args.plot)
-    results = run_pack_benchmark(config)
+    results = measure(plan_runs(config), config.repeats)
     if args.plot:
         plot.plot_throughput(results, args.plot)
     print(format_report(config, results))
@@ -94,7 +89,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 def _suggest_pack_size() -> None:
     import keras_gpushare as kg
-    from keras_gpushare._bench import workload
+    from keras_gpushare._seeds_benchmark import workload
 
     print("\nSuggested pack size for this machine (find_pack_size, seeds' MLP, batch 32):")
     x, y = workload.make_data(2048)

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from keras_gpushare import cli
-from keras_gpushare._bench import plot
+from keras_gpushare._seeds_benchmark import plot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILDERS = os.path.join(HERE, "autopack_builders.py")

@@ -1,4 +1,5 @@
-"""The tuner's documented examples run as written: docstrings and docs/tuner.md's first one."""
+"""docs/tuner.md's first example runs as written (the docstrings' examples run in
+tests/test_docstring_examples.py)."""
 
 import os
 import pathlib
@@ -6,23 +7,9 @@ import re
 import subprocess
 import sys
 
-import pytest
 from hang_guard import HANG_GUARD_S
 
-import keras_gpushare as kg
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.parametrize("obj", [kg.tuner.ParallelOracle, kg.tuner.ParallelTuner])
-def test_docstring_example_runs(obj, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    blocks = re.findall(r"```python\n(.*?)```", obj.__doc__, flags=re.S)
-    assert blocks
-    code = "\n".join(
-        line[4:] if line.startswith("    ") else line for line in blocks[0].split("\n")
-    )
-    exec(compile(code, f"<{obj.__name__} docstring>", "exec"), {})
 
 
 def test_the_first_example_of_the_tuner_page_runs_as_written(tmp_path):

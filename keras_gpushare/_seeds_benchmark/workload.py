@@ -4,12 +4,12 @@ Every runner trains `members` MLPs (10-w-32-1, Adam, binary cross-entropy, batch
 `epochs` epochs over the same `samples` random rows and returns a dict of measurements:
 `wall_s` (end to end, model building included), `epoch_rates` (aggregate model-samples per
 second of each epoch after the first `warmup` ones), `steady_rate` (their median) and
-`peak_rss_mib` (summed over the processes it used); packs and the torch peer also return
-every epoch's seconds (`epoch_s`).
+`peak_rss_mib` (summed over the processes it used); packs also return every epoch's seconds
+(`epoch_s`).
 
-`config["threads"]` (0: the framework's default) caps the threads of each process: TensorFlow's
-intra- and inter-op pools, torch's intra-op pool. It must be set before the framework starts
-its pools, so every runner applies it first.
+`config["threads"]` (0: TensorFlow's default) caps TensorFlow's intra- and inter-op pools in
+each process. It must be set before TensorFlow starts its pools, so every runner applies it
+first.
 """
 
 from __future__ import annotations
@@ -51,19 +51,15 @@ def build_mlp(spec: Any, seed: int):
     )
 
 
-def _peak_rss_mib() -> float:
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _apply_threads(config: dict[str, Any], torch: bool = False) -> None:
-    """Caps this process's thread pools at `config["threads"]` (0 leaves the defaults)."""
+def _apply_threads(config: dict[str, Any]) -> None:
+    """Caps this process's TensorFlow pools at `config["threads"]` (0 leaves the defaults)."""
     threads = int(config.get("threads") or 0)
     if threads <= 0:
-        return
-    if torch:
-        import torch as torch_module
-
-        torch_module.set_num_threads(threads)
         return
     import keras
 
@@ -74,17 +70,19 @@ def _apply_threads(config: dict[str, Any], torch: bool = False) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
-def _timed(times: list[float], config: dict[str, Any]) -> list[float]:
+def timed_epochs(times: list[float], config: dict[str, Any]) -> list[float]:
     """The epochs after the warm-up (at least the last one)."""
     warmup = int(config.get("warmup", 1))
     return times[warmup:] or times[-1:]
 
 
-def _rates(
+def throughput(
     model_samples: float, times: list[float], cpu_times: list[float] | None = None
 ) -> dict[str, Any]:
-    rates = [model_samples / t for t in times]
-    out = {"epoch_rates": rates, "steady_rate": float(statistics.median(rates))}
+    """`epoch_rates` (model-samples per second of each of `times`), `steady_rate` (their
+    median) and, given `cpu_times`, `cpu_rate` (the median per second of CPU time)."""
+    per_epoch = [model_samples / t for t in times]
+    out = {"epoch_rates": per_epoch, "steady_rate": float(statistics.median(per_epoch))}
     if cpu_times:
         out["cpu_rate"] = float(statistics.median(model_samples / t for t in cpu_times))
     return out
@@ -112,32 +110,24 @@ def epoch_timer():
 
 
 def run_sequential(config: dict[str, Any]) -> dict[str, float]:
-    """Plain `fit` for one member after another (the users' starting point).
-
-    With `config["run_at_most"]`, only that many members are trained and the time is scaled
-    to all of them (sequential fits cost the same per member), which keeps N=256 runs short.
-    """
+    """Plain `fit` for one member after another (the users' starting point)."""
     _apply_threads(config)
     start = time.perf_counter()
     x, y = make_data(config["samples"])
     timed: list[float] = []
     cpu: list[float] = []
-    widths = config["widths"]
-    ran = widths[: config.get("run_at_most") or len(widths)]
-    for i, width in enumerate(ran):
+    for i, width in enumerate(config["widths"]):
         model = build_mlp(width, seed=i)
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
         timer = epoch_timer()
         model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
-        timed += _timed(timer.times, config)
-        cpu += _timed(timer.cpu_times, config)
-    wall = (time.perf_counter() - start) * len(widths) / len(ran)
+        timed += timed_epochs(timer.times, config)
+        cpu += timed_epochs(timer.cpu_times, config)
     return {
-        "wall_s": wall,
+        "wall_s": time.perf_counter() - start,
         # One member trains at a time: the aggregate rate is one fit's rate.
-        **_rates(config["samples"], timed, cpu),
-        "peak_rss_mib": _peak_rss_mib(),
-        "note": "" if len(ran) == len(widths) else f"{len(ran)} run, time scaled",
+        **throughput(config["samples"], timed, cpu),
+        "peak_rss_mib": peak_rss_mib(),
     }
 
 
@@ -149,7 +139,7 @@ def _pool_task(args: tuple[int, int, dict[str, Any]]) -> dict[str, Any]:
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
     timer = epoch_timer()
     model.fit(x, y, batch_size=32, epochs=config["epochs"], verbose=0, callbacks=[timer])
-    return {"pid": os.getpid(), "timed": _timed(timer.times, config), "rss": _peak_rss_mib()}
+    return {"pid": os.getpid(), "timed": timed_epochs(timer.times, config), "rss": peak_rss_mib()}
 
 
 def run_pool(config: dict[str, Any]) -> dict[str, float]:
@@ -169,8 +159,8 @@ def run_pool(config: dict[str, Any]) -> dict[str, float]:
     timed = [t for r in results for t in r["timed"]]
     return {
         "wall_s": wall,
-        **_rates(config["samples"] * min(processes, len(tasks)), timed),
-        "peak_rss_mib": _peak_rss_mib() + sum(rss_by_pid.values()),
+        **throughput(config["samples"] * min(processes, len(tasks)), timed),
+        "peak_rss_mib": peak_rss_mib() + sum(rss_by_pid.values()),
     }
 
 
@@ -197,82 +187,13 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
     wall = time.perf_counter() - start
     return {
         "wall_s": wall,
-        **_rates(
+        **throughput(
             len(members) * config["samples"],
-            _timed(timer.times, config),
-            _timed(timer.cpu_times, config),
+            timed_epochs(timer.times, config),
+            timed_epochs(timer.cpu_times, config),
         ),
         "epoch_s": timer.times,
-        "peak_rss_mib": _peak_rss_mib(),
+        "peak_rss_mib": peak_rss_mib(),
         "engine": pack.engine,
         "note": note,
     }
-
-
-def run_torch_vmap(config: dict[str, Any]) -> dict[str, float]:
-    """The peer: a `torch.func` ensemble (stack_module_state + functional_call + vmap, Adam).
-
-    Needs members of one architecture; uses the first width for all of them.
-    """
-    import copy
-
-    _apply_threads(config, torch=True)
-    import torch
-    from torch.func import functional_call, grad_and_value, stack_module_state, vmap
-
-    start = time.perf_counter()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    x_np, y_np = make_data(config["samples"])
-    x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
-    width = config["widths"][0]
-    n = len(config["widths"])
-
-    def net() -> torch.nn.Module:
-        return torch.nn.Sequential(
-            torch.nn.Linear(10, width),
-            torch.nn.ReLU(),
-            torch.nn.Linear(width, 32),
-            torch.nn.ReLU(),
-            torch.nn.Linear(32, 1),
-        )
-
-    torch.manual_seed(0)
-    models = [net().to(device) for _ in range(n)]
-    params, buffers = stack_module_state(models)
-    base = copy.deepcopy(models[0]).to("meta")
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-
-    def member_loss(p, b, xb, yb):
-        return loss_fn(functional_call(base, (p, b), (xb,)), yb)
-
-    step_grads = vmap(grad_and_value(member_loss), in_dims=(0, 0, None, None))
-    optimizer = torch.optim.Adam(list(params.values()), lr=1e-3)
-    epoch_times, cpu_times = [], []
-    for _ in range(config["epochs"]):
-        t0, c0 = time.perf_counter(), time.process_time()
-        for s in range(0, len(x), 32):
-            grads, _ = step_grads(params, buffers, x[s : s + 32], y[s : s + 32])
-            for name, p in params.items():
-                p.grad = grads[name]
-            optimizer.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        epoch_times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
-    wall = time.perf_counter() - start
-    return {
-        "wall_s": wall,
-        **_rates(n * config["samples"], _timed(epoch_times, config), _timed(cpu_times, config)),
-        "epoch_s": epoch_times,
-        "peak_rss_mib": _peak_rss_mib(),
-        "threads": torch.get_num_threads(),
-    }
-
-
-RUNNERS = {
-    "sequential": run_sequential,
-    "pool": run_pool,
-    "pack-graph": run_pack,
-    "pack-fused": run_pack,
-    "torch-vmap": run_torch_vmap,
-}

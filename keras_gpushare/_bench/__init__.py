@@ -1,1 +1,0 @@
-"""Benchmarks behind `keras-gpushare bench` and `benchmarks/` (private)."""
