@@ -89,6 +89,18 @@ def call_context_args(operation: Any) -> frozenset[str]:
     return frozenset(names)
 
 
+def call_takes_training(layer: Any) -> bool:
+    """Whether a layer's `call` takes a `training` argument (False for an operation that is
+    not a layer): `_call_has_training_arg`."""
+    return getattr(layer, "_call_has_training_arg", False)
+
+
+def call_takes_mask(layer: Any) -> bool:
+    """Whether a layer's `call` takes a `mask` argument (False for an operation that is not
+    a layer): `_call_has_mask_arg`."""
+    return getattr(layer, "_call_has_mask_arg", False)
+
+
 def name_scope_path(layer: Any) -> str:
     """The name scopes a layer was first called under, joined by "/" ("" before its first
     call, or outside any scope): `_parent_path`."""
@@ -284,18 +296,40 @@ def unscale_loss_for_distribution(value: Any) -> Any:
 # ---------------------------------------------------------------- Keras: optimizers
 
 # Private slot lists of the built-in optimizers the fused engine vectorizes, one variable per
-# model variable in `_get_variable_index` order: Adam/AdamW "momentums", "velocities" and
-# with amsgrad "velocity_hats"; RMSprop "velocities", with momentum "momentums", centered
-# "average_gradients"; Adagrad "accumulators". (SGD's `momentums` is public.)
-SLOT_LISTS = ("momentums", "velocities", "velocity_hats", "average_gradients", "accumulators")
+# model variable in `_get_variable_index` order: Adam/AdamW/Nadam "momentums", "velocities"
+# and with amsgrad "velocity_hats"; RMSprop "velocities", with momentum "momentums", centered
+# "average_gradients"; Adagrad "accumulators"; Adamax "m", "u"; Adadelta "accumulated_grads",
+# "accumulated_delta_vars"; Ftrl "accumulators", "linears"; and any optimizer's
+# "accumulated_gradients" with `gradient_accumulation_steps`. (SGD's `momentums` is public.)
+_SLOT_LISTS = (
+    "momentums",
+    "velocities",
+    "velocity_hats",
+    "average_gradients",
+    "accumulators",
+    "m",
+    "u",
+    "accumulated_grads",
+    "accumulated_delta_vars",
+    "linears",
+    "accumulated_gradients",
+)
 
 
 def slot_list(optimizer: keras.optimizers.Optimizer, name: str) -> list[Any]:
-    """One of an optimizer's private slot lists (`name` from `SLOT_LISTS`): `_momentums`,
-    `_velocities`, `_velocity_hats`, `_average_gradients`, `_accumulators`."""
-    if name not in SLOT_LISTS:
-        raise ValueError(f"Unknown slot list {name!r}; expected one of {SLOT_LISTS}.")
+    """One of an optimizer's private slot lists, by its name without the underscore:
+    `_momentums`, `_velocities`, `_velocity_hats`, `_average_gradients`, `_accumulators`,
+    `_m`, `_u`, `_accumulated_grads`, `_accumulated_delta_vars`, `_linears`,
+    `_accumulated_gradients`."""
+    if name not in _SLOT_LISTS:
+        raise ValueError(f"Unknown slot list {name!r}; expected one of {_SLOT_LISTS}.")
     return getattr(optimizer, f"_{name}")
+
+
+def nadam_u_product(optimizer: keras.optimizers.Nadam) -> keras.Variable:
+    """The variable in which `Nadam` keeps the product of its momentum schedule's factors
+    (`u_t`), multiplied once per step: `_u_product`."""
+    return optimizer._u_product
 
 
 def raw_learning_rate(optimizer: keras.optimizers.Optimizer) -> Any:
@@ -375,6 +409,12 @@ def backup_weights_path(callback: keras.callbacks.BackupAndRestore) -> str:
     return callback._weights_path
 
 
+def tensorboard_profile_batch(callback: keras.callbacks.TensorBoard) -> int:
+    """The first batch a `TensorBoard` callback profiles, 0 when it profiles none:
+    `_start_batch`."""
+    return callback._start_batch
+
+
 # ---------------------------------------------------------------- TensorFlow: tf.distribute
 
 
@@ -425,12 +465,6 @@ def kt_load_json(path: str) -> Any:
 def kt_save_json(path: str, obj: Any) -> Any:
     """Writes a JSON file as KerasTuner does: `keras_tuner.src.utils.save_json`."""
     return _kt("utils").save_json(path, obj)
-
-
-def get_hypermodel(hypermodel: Any) -> Any:
-    """A `HyperModel` from a hypermodel or a build function:
-    `keras_tuner.src.engine.hypermodel.get_hypermodel`."""
-    return _kt("engine.hypermodel").get_hypermodel(hypermodel)
 
 
 def model_size(model: keras.Model) -> Any:

@@ -141,6 +141,20 @@ def test_layers_take_training_as_a_call_context_argument():
     assert _upstream.call_context_args(old_style) == frozenset({"training"})
 
 
+@covers("call_takes_training", "call_takes_mask")
+def test_call_takes_training_and_mask_follow_the_call_signature():
+    class Plain(keras.layers.Layer):
+        def call(self, x):
+            return x
+
+    assert _upstream.call_takes_training(keras.layers.Dropout(0.5))
+    assert not _upstream.call_takes_mask(keras.layers.Dropout(0.5))
+    assert _upstream.call_takes_mask(keras.layers.LSTM(2))
+    assert not _upstream.call_takes_training(Plain())
+    assert not _upstream.call_takes_training(object())  # not a layer
+    assert not _upstream.call_takes_mask(object())
+
+
 @covers("name_scope_path")
 def test_name_scope_path_of_a_layer_first_called_in_a_scope():
     layer = keras.layers.Dense(1)
@@ -376,8 +390,16 @@ def test_conv_transpose_padding_args_per_spatial_axis():
             ("velocities", "momentums", "average_gradients"),
         ),
         (lambda: keras.optimizers.Adagrad(), ("accumulators",)),
+        (lambda: keras.optimizers.Nadam(), ("momentums", "velocities")),
+        (lambda: keras.optimizers.Adamax(), ("m", "u")),
+        (lambda: keras.optimizers.Adadelta(), ("accumulated_grads", "accumulated_delta_vars")),
+        (lambda: keras.optimizers.Ftrl(), ("accumulators", "linears")),
+        (
+            lambda: keras.optimizers.SGD(gradient_accumulation_steps=2),
+            ("accumulated_gradients",),
+        ),
     ],
-    ids=["adam", "adamw", "rmsprop", "adagrad"],
+    ids=["adam", "adamw", "rmsprop", "adagrad", "nadam", "adamax", "adadelta", "ftrl", "accum"],
 )
 @covers("slot_list", "variable_index", "optimizer_variables_list")
 def test_slot_lists_hold_one_slot_per_variable_in_index_order(optimizer, lists):
@@ -391,6 +413,16 @@ def test_slot_lists_hold_one_slot_per_variable_in_index_order(optimizer, lists):
             assert tuple(slot.shape) == tuple(v.shape)
     with pytest.raises(ValueError, match="Unknown slot list"):
         _upstream.slot_list(opt, "moments")
+
+
+@covers("nadam_u_product")
+def test_nadam_u_product_is_multiplied_once_per_step():
+    opt, variables = built(keras.optimizers.Nadam(beta_1=0.9))
+    product = _upstream.nadam_u_product(opt)
+    assert float(keras.ops.convert_to_numpy(product)) == 1.0
+    opt.apply([keras.ops.ones((2,)) for _ in variables], variables)
+    u_1 = 0.9 * (1.0 - 0.5 * 0.96)  # Keras's momentum schedule at step 1
+    assert float(keras.ops.convert_to_numpy(product)) == pytest.approx(u_1)
 
 
 @covers("raw_learning_rate", "iterations_variable")
@@ -464,6 +496,13 @@ def test_set_callback_model_is_the_model_a_callback_reads(tmp_path):
 def test_backup_weights_path_is_inside_the_backup_dir(tmp_path):
     backup = keras.callbacks.BackupAndRestore(str(tmp_path))
     assert os.path.dirname(_upstream.backup_weights_path(backup)) == str(tmp_path)
+
+
+@covers("tensorboard_profile_batch")
+def test_tensorboard_profile_batch_is_zero_without_profiling(tmp_path):
+    assert _upstream.tensorboard_profile_batch(keras.callbacks.TensorBoard(str(tmp_path))) == 0
+    board = keras.callbacks.TensorBoard(str(tmp_path), profile_batch=(3, 5))
+    assert _upstream.tensorboard_profile_batch(board) == 3
 
 
 @pytest.mark.parametrize("owner, method, arguments, backend", _upstream.OVERRIDDEN_HOOKS)
@@ -577,14 +616,9 @@ def test_kt_json(kt, tmp_path):
     assert _upstream.kt_load_json(path) == {"a": [1, 2]}
 
 
-@covers("get_hypermodel", "model_size")
-def test_kt_hypermodel_and_model_size(kt):
-    def build(hp):
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-
-    hm = _upstream.get_hypermodel(build)
-    assert isinstance(hm, kt.HyperModel)
-    model = hm.build(kt.HyperParameters())
+@covers("model_size")
+def test_kt_model_size(kt):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     assert int(_upstream.model_size(model)) == 8
 
 

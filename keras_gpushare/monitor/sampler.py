@@ -173,7 +173,6 @@ class Sampler:
         self._latest: dict[str, float] | None = None
         self._carried: dict[str, float] = {}
         self.error: BaseException | None = None
-        self.ended_by_watch = False
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ training-thread API
@@ -261,7 +260,6 @@ class Sampler:
                 self._wake.clear()
                 self._tick()
                 if self._watch is not None and not _frame_on_stack(*self._watch):
-                    self.ended_by_watch = True
                     self._post(logging.DEBUG, "training left `fit` without on_train_end")
                     break
                 next_at += self.interval

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 import keras
 
+from keras_gpushare import _upstream
+
 _BATCH_HOOKS = (
     "on_batch_begin",
     "on_batch_end",
@@ -32,7 +34,9 @@ _BATCH_HOOKS = (
 _EPOCH_ONLY = {
     keras.callbacks.ModelCheckpoint: lambda c: c.save_freq == "epoch",
     keras.callbacks.BackupAndRestore: lambda c: c.save_freq == "epoch",
-    keras.callbacks.TensorBoard: lambda c: c.update_freq == "epoch" and not c._start_batch,
+    keras.callbacks.TensorBoard: lambda c: (
+        c.update_freq == "epoch" and not _upstream.tensorboard_profile_batch(c)
+    ),
     keras.callbacks.ProgbarLogger: lambda c: True,
 }
 

@@ -1,56 +1,114 @@
-"""The pack's steps on TensorFlow when some engine updates its members itself.
+"""The pack's steps on TensorFlow, and its build before them, as a mixin of `ModelPack`.
 
-Keras's own `train_step` serves packs whose members the pack's optimizer updates (fused
-groups, every backend). When a group trains on the graph engine, which steps each member with
-its own optimizer inside the step, the pack's step is written here: the fused groups' forward,
-loss, gradient and vectorized update as Keras's TensorFlow step does them, then each graph
-group's own step, in one traced function.
+Keras mixes its backend's trainer into `keras.Model` (`TensorFlowTrainer` on TensorFlow);
+`ModelPack` mixes `TensorFlowSteps` in on that backend the same way. Keras's own
+`train_step` serves packs whose members the pack's optimizer updates (gradient engines,
+every backend). When a group trains on a stepping engine (the graph engine, which steps each
+member with its own optimizer inside the step), the pack's step is written here: the
+gradient engines' forward, loss, gradient and vectorized update as Keras's TensorFlow step
+does them, then each stepping engine's own step, in one traced function.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
 import tensorflow as tf
+from keras import tree
 
-if TYPE_CHECKING:
-    from keras_gpushare.pack.model import ModelPack
-
-
-def train_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
-    """One training step of every engine; returns the pack's logs."""
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    engines = pack._gradient_engines
-    if engines:
-        with tf.GradientTape() as tape:
-            y_pred = pack(x, training=True)
-            loss = pack.compute_loss(x, y, y_pred, sample_weight, training=True)
-            loss = pack.optimizer.scale_loss(loss)
-        variables = pack._gradient_variables()
-        pack.optimizer.apply(tape.gradient(loss, variables), variables)
-        for engine, raw in zip(engines, y_pred):
-            engine.update_metrics(y, raw, sample_weight)
-    else:
-        pack.optimizer.iterations.assign_add(1)
-    status = tf.convert_to_tensor(pack._status.value)
-    for engine in pack._stepping_engines:
-        ids = list(engine.member_ids)
-        codes = engine.train(data, tf.gather(status, ids))
-        status = tf.tensor_scatter_nd_update(status, [[i] for i in ids], codes)
-    pack._status.assign(status)
-    return pack._logs()
+from keras_gpushare import _upstream
 
 
-def test_step(pack: ModelPack, data: Any) -> dict[str, tf.Tensor]:
-    """One evaluation step of every engine on the whole batch; returns the pack's logs."""
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    engines = pack._gradient_engines
-    if engines:
-        raws = tuple(engine.call(x, training=False) for engine in engines)
-        pack.compute_loss(x, y, raws, sample_weight, training=False)
-        for engine, raw in zip(engines, raws):
-            engine.update_metrics(y, raw, sample_weight)
-    for engine in pack._stepping_engines:
-        engine.test(data)
-    return pack._logs()
+class TensorFlowSteps:
+    """`train_step`, `test_step` and the build before the first step of a `ModelPack` on
+    TensorFlow (Keras calls `_maybe_symbolic_build` on TensorFlow only).
+
+    The pack provides `_gradient_engines` and `_stepping_engines` (its engines of each
+    kind), `_gradient_variables()` (the variables its optimizer updates), `_status` (the
+    member status variable), `_logs()` (its logs from the engines' figures), `_members`,
+    `_distributed()` and `_symbolic_build(iterator, data_batch, members)`.
+    """
+
+    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
+        if self._distributed() and iterator is not None and data_batch is None:
+            # Keras reduces the first distributed batch over the replicas only to learn its
+            # shapes, which fails for an (x, y) batch under MultiWorkerMirroredStrategy; one
+            # replica's share has the shapes.
+            for _, _, batches in iterator:
+                data_batch = tree.map_structure(self._first_replica_value, next(batches))
+                break
+        elif not self._distributed():
+            # Keras leaves building to the first trace of the step, and TensorFlow traces a
+            # function that makes variables twice; a pack's step is large, so the fused
+            # groups' state is made here, before the first trace. The graph engine's
+            # members build in the trace, as their own `fit` builds them (an optimizer's
+            # `build` may assign, which TensorFlow keeps only when it runs eagerly).
+            graph = {i for engine in self._stepping_engines for i in engine.member_ids}
+            fused = [i for i in range(len(self._members)) if i not in graph]
+            if data_batch is None and iterator is not None:
+                # From the batches' shapes: reading one would start an epoch of the data
+                # (a `PyDataset`'s workers would load batches that plain `fit` never asks
+                # for, and hand the first epoch some of them).
+                data_batch = _symbolic_batch(_upstream.epoch_iterator_element_spec(iterator))
+            self._symbolic_build(iterator=iterator, data_batch=data_batch, members=fused)
+            return
+        super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
+
+    def _first_replica_value(self, value: Any) -> Any:
+        if isinstance(value, tf.distribute.DistributedValues):
+            return self.distribute_strategy.experimental_local_results(value)[0]
+        return value
+
+    def train_step(self, data: Any) -> dict[str, tf.Tensor]:
+        """One training step of every engine; returns the pack's logs."""
+        if not self._stepping_engines:
+            return super().train_step(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        engines = self._gradient_engines
+        if engines:
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x, y, y_pred, sample_weight, training=True)
+                loss = self.optimizer.scale_loss(loss)
+            variables = self._gradient_variables()
+            self.optimizer.apply(tape.gradient(loss, variables), variables)
+            for engine, raw in zip(engines, y_pred):
+                engine.update_metrics(y, raw, sample_weight)
+        else:
+            self.optimizer.iterations.assign_add(1)
+        status = tf.convert_to_tensor(self._status.value)
+        for engine in self._stepping_engines:
+            ids = list(engine.member_ids)
+            codes = engine.train(data, tf.gather(status, ids))
+            status = tf.tensor_scatter_nd_update(status, [[i] for i in ids], codes)
+        self._status.assign(status)
+        return self._logs()
+
+    def test_step(self, data: Any) -> dict[str, tf.Tensor]:
+        """One evaluation step of every engine on the whole batch; returns the pack's logs."""
+        if not self._stepping_engines:
+            return super().test_step(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        engines = self._gradient_engines
+        if engines:
+            raws = tuple(engine.call(x, training=False) for engine in engines)
+            self.compute_loss(x, y, raws, sample_weight, training=False)
+            for engine, raw in zip(engines, raws):
+                engine.update_metrics(y, raw, sample_weight)
+        for engine in self._stepping_engines:
+            engine.test(data)
+        return self._logs()
+
+
+def _symbolic_batch(spec: Any) -> Any:
+    """Symbolic tensors shaped as the batches `spec` (`tf.TensorSpec`s) describes, or None
+    when it holds other kinds (ragged, sparse) or is None."""
+    if spec is None:
+        return None
+    leaves = tree.flatten(spec)
+    if not all(type(leaf) is tf.TensorSpec for leaf in leaves):
+        return None
+    return tree.map_structure(
+        lambda leaf: keras.KerasTensor(tuple(leaf.shape), leaf.dtype.name), spec
+    )

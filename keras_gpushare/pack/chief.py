@@ -20,6 +20,8 @@ from typing import Any
 
 import keras
 
+from keras_gpushare import _upstream
+
 
 def writes_files(model: keras.Model) -> bool:
     """Whether this worker is the one that writes `model`'s files (True without a cluster)."""
@@ -64,7 +66,7 @@ class _ReadOnlyBackup(keras.callbacks.BackupAndRestore):
 
     def _save_model(self) -> None:
         # Take part in the save (reading variables may all-reduce); the file goes nowhere.
-        self.model.save_weights(self._weights_path, overwrite=True)
+        self.model.save_weights(_upstream.backup_weights_path(self), overwrite=True)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         return None

@@ -11,6 +11,8 @@ import keras
 import numpy as np
 from keras import tree
 
+from keras_gpushare import _upstream
+
 DATA_MODES = ("replicate", "shard")
 
 
@@ -80,7 +82,7 @@ def input_names(member: keras.Model) -> list[str]:
 
 
 def _takes_dict(member: keras.Model) -> bool:
-    return isinstance(getattr(member, "_inputs_struct", None), dict)
+    return isinstance(_upstream.inputs_struct(member), dict)
 
 
 def shard_rows(value: Any, i: int, n: int) -> Any:
@@ -275,13 +277,14 @@ def check_member_labels(x: Any, y: Any, members: Sequence[keras.Model], per_memb
     for i, member in enumerate(members):
         check_label_structure(member_labels(y, i, per_member), i, member)
     rows = None if hasattr(x, "element_spec") else _rows(x)
+    traced: dict = {}
     for i, member in enumerate(members):
         labels = member_labels(y, i, per_member)
         argument = f"`y[{i}]`" if per_member else "`y`"
         if per_member and rows is not None:
             _check_rows(labels, rows, i, member, argument)
         for name, label, output, loss in _paired_labels(labels, member, argument):
-            _check_label_shape(label, output, loss, i, member, name)
+            _check_label_shape(label, output, loss, i, member, name, traced)
 
 
 def _check_rows(labels: Any, rows: int, i: int, member: keras.Model, argument: str) -> None:
@@ -296,9 +299,13 @@ def _check_rows(labels: Any, rows: int, i: int, member: keras.Model, argument: s
 
 
 def _check_label_shape(
-    label: Any, output: Any, loss: Any, i: int, member: keras.Model, argument: str
+    label: Any, output: Any, loss: Any, i: int, member: keras.Model, argument: str, traced: dict
 ) -> None:
-    """Raises when Keras's `loss` fails on labels shaped like `label` and `output`."""
+    """Raises when Keras's `loss` fails on labels shaped like `label` and `output`.
+
+    `traced` holds the outcomes of the traces made so far, by loss and shapes: members that
+    share a loss configuration and shapes (a pack's usual case) are traced once.
+    """
     shape = _dense_shape(label)
     reference = tuple(output.shape)
     if shape is None or not shape or any(d is None for d in shape[1:] + reference[1:]):
@@ -307,9 +314,12 @@ def _check_label_shape(
         # Keras's losses compare these only after broadcasting the batch's rows.
         return
     # Same number of rows in both, as in a batch.
-    y_true = keras.KerasTensor((2, *shape[1:]), _dtype(label))
-    y_pred = keras.KerasTensor((2, *reference[1:]), output.dtype)
-    failure = _trace_failure(loss, y_true, y_pred)
+    key = (_loss_key(loss), shape[1:], _dtype(label), reference[1:], output.dtype)
+    if key not in traced or key[0] is None:
+        y_true = keras.KerasTensor((2, *shape[1:]), _dtype(label))
+        y_pred = keras.KerasTensor((2, *reference[1:]), output.dtype)
+        traced[key] = _trace_failure(loss, y_true, y_pred)
+    failure = traced[key]
     if failure is None:
         return
     if _is_sparse(loss):
@@ -477,6 +487,15 @@ def _symbolic(leaf: Any) -> Any:
     """A symbolic tensor shaped as `leaf`; `leaf` itself when it is not a dense array."""
     shape = _dense_shape(leaf)
     return leaf if shape is None else keras.KerasTensor(shape, _dtype(leaf))
+
+
+def _loss_key(loss: Any) -> Any:
+    """What identifies a Keras loss's computation (its class and configuration), or `None`
+    for a loss whose configuration cannot be read."""
+    try:
+        return type(loss), repr(sorted(loss.get_config().items()))
+    except Exception:  # noqa: BLE001 - such a loss is traced every time.
+        return None
 
 
 def _trace_failure(fn: Callable[..., Any], *args: Any) -> Exception | None:

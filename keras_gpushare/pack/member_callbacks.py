@@ -24,7 +24,8 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.members import ACTIVE
+from keras_gpushare.pack._status import ACTIVE
+from keras_gpushare.pack.members import is_pack
 
 _MEMBER_KEY = re.compile(r"^(?:val_)?m(\d+)_(.+)$")
 
@@ -66,8 +67,9 @@ def metric_direction(member: keras.Model, name: str) -> str | None:
         return "min"
     for container in member.metrics:
         for metric in getattr(container, "metrics", [container]):
-            if metric.name == name and hasattr(metric, "_direction"):
-                return "max" if metric._direction == "up" else "min"
+            direction = _upstream.metric_direction(metric)
+            if metric.name == name and direction is not None:
+                return "max" if direction == "up" else "min"
     return None
 
 
@@ -130,10 +132,8 @@ class PerMember(keras.callbacks.Callback):
         self._running: list[bool] = []
 
     def set_model(self, model: keras.Model) -> None:
-        from keras_gpushare.pack.model import ModelPack
-
         super().set_model(model)
-        if not isinstance(model, ModelPack):
+        if not is_pack(model):
             raise TypeError(
                 f"{type(self).__name__} works on a ModelPack; for a single model use "
                 f"keras.callbacks.{type(self.callback).__name__}."

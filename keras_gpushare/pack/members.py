@@ -1,4 +1,4 @@
-"""Member bookkeeping for `ModelPack`: validation, per-member arguments, status codes."""
+"""Member bookkeeping for `ModelPack`: validation and per-member arguments."""
 
 from __future__ import annotations
 
@@ -9,17 +9,6 @@ import keras
 from keras import tree
 
 from keras_gpushare import _upstream
-
-ACTIVE = 0
-FROZEN_NAN = 1
-STOPPED_EARLY = 2
-FAILED = 3
-STATUS_NAMES = {
-    ACTIVE: "active",
-    FROZEN_NAN: "frozen:nan",
-    STOPPED_EARLY: "stopped:early",
-    FAILED: "failed",
-}
 
 
 def check_members(members: Any) -> list[keras.Model]:
@@ -43,7 +32,7 @@ def check_members(members: Any) -> list[keras.Model]:
                 f"({member!r:.80}). Wrap layers in `keras.Sequential([...])` or a Functional "
                 "model first."
             )
-        if isinstance(member, _pack_class()):
+        if is_pack(member):
             raise TypeError(f"Invalid member {i}: a ModelPack cannot be a member of a ModelPack.")
     for i, member in enumerate(members):
         own = [
@@ -71,10 +60,14 @@ def check_members(members: Any) -> list[keras.Model]:
     return members
 
 
-def _pack_class() -> type:
-    from keras_gpushare.pack.model import ModelPack
+def is_pack(model: Any) -> bool:
+    """Whether `model` is a `ModelPack`.
 
-    return ModelPack
+    The class is looked up where Keras registers it rather than imported: the pack's own
+    module imports this one. No pack exists before that module registers the class.
+    """
+    pack_class = keras.saving.get_registered_object("keras_gpushare>ModelPack")
+    return pack_class is not None and isinstance(model, pack_class)
 
 
 def member_optimizers(optimizer: Any, n: int) -> list[keras.optimizers.Optimizer]:
@@ -184,6 +177,20 @@ def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> lis
         f"with {list(output_counts)} outputs. Pass one loss for all members, a list of {n} "
         "(one per member), or a list with one loss per output shared by all members."
     )
+
+
+def standalone_copy(member: keras.Model) -> keras.Model:
+    """A copy of `member` sharing nothing with it: weights, compile settings, optimizer state."""
+    copy = keras.models.clone_model(member)
+    copy.set_weights(member.get_weights())
+    if member.compiled:
+        config = keras.saving.deserialize_keras_object(member.get_compile_config())
+        copy.compile(**config)
+        copy.optimizer.build(copy.trainable_variables)
+        if member.optimizer.built:
+            for dst, src in zip(copy.optimizer.variables, member.optimizer.variables):
+                dst.assign(src)
+    return copy
 
 
 def build_member(member: keras.Model, data_batch: Any) -> None:

@@ -2,43 +2,45 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import numpy as np
-from keras import ops, tree
+from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _batch_calls, _compile_args, chief, replicas
+from keras_gpushare.pack import _compile_args, _fit_args, _replicas, chief, planner
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
-from keras_gpushare.pack._progress import PackProgbar
+from keras_gpushare.pack._logs import pack_logs
+from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack._summary import member_params, pack_summary
-from keras_gpushare.pack.engines.base import Engine, EngineOptions
-from keras_gpushare.pack.engines.fused import FusedEngine
+from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
-from keras_gpushare.pack.fusion._member_settings import member_settings
-from keras_gpushare.pack.logs import pack_logs
 from keras_gpushare.pack.member_callbacks import per_member_callbacks
-from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.optimizers import MemberOptimizers
-from keras_gpushare.pack.planner import EnginePlan, move_to_graph, plan_engines
 from keras_gpushare.pack.watcher import StatusWatcher
+
+if keras.backend.backend() == "tensorflow":
+    # The pack's steps on TensorFlow, as Keras mixes in its `TensorFlowTrainer`.
+    from keras_gpushare.pack._tf_steps import TensorFlowSteps
+
+    _BACKEND_STEPS: tuple[type, ...] = (TensorFlowSteps,)
+else:
+    _BACKEND_STEPS = ()
 
 logger = logging.getLogger(__name__)
 
 _FUSE_VALUES = ("auto", True, False)
 _ON_NAN_VALUES = ("freeze", "ignore")
-_DEFAULT_STEPS_PER_EXECUTION = {"graph": 16, "fused": 64}
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
-class ModelPack(keras.Model):
+class ModelPack(*_BACKEND_STEPS, keras.Model):
     """Trains N Keras models concurrently inside one `model.fit`.
 
     A `ModelPack` is a `keras.Model` whose training step trains every member: each member
@@ -110,9 +112,9 @@ class ModelPack(keras.Model):
                 '"ignore".'
             )
         groups = kwargs.pop("groups", None)
-        plan = plan_engines(members, fuse, data, groups=groups)
+        plan = planner.plan_engines(members, fuse, data, groups=groups)
         super().__init__(name=name, **kwargs)
-        self._members = _Items(members)
+        self._members = _fit_args.Items(members)
         self._data_mode = data
         self._fuse = fuse
         self._on_nan = on_nan
@@ -120,41 +122,29 @@ class ModelPack(keras.Model):
         self._options = EngineOptions(
             tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
         )
-        self._set_engines(self._planned_engines(plan))
+        self._set_engines(planner.build_engines(plan, members, self._options))
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
             dtype="int32",
             initializer="zeros",
             trainable=False,
-            # Replicas of a tf.distribute strategy agree on the status (replicas.py); any
+            # Replicas of a tf.distribute strategy agree on the status (_replicas.py); any
             # replica's value is the one to keep.
             aggregation="only_first_replica",
         )
         self._member_compile_args: dict[str, Any] | None = None
         self._loss_scale = None
+        self._auto_steps = False
         if all(m.built for m in members):
             self.built = True
         logger.info("ModelPack %s: %s", self.name, plan)
 
-    def _planned_engines(self, plan: EnginePlan) -> list[Engine]:
-        """One fused engine per group of `plan`, then the graph engine for the rest, if any."""
-        members = list(self._members)
-        engines: list[Engine] = [
-            FusedEngine([members[i] for i in group], group, self._options, fusion_plan)
-            for group, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
-        ]
-        if plan.graph:
-            engines.append(
-                _graph_engine_class()([members[i] for i in plan.graph], plan.graph, self._options)
-            )
-        return engines
-
     def _set_engines(self, engines: list[Engine]) -> None:
         """Holds `engines` and tracks their Keras objects (weights, saving) as the pack's."""
         for layer in getattr(self, "_engine_layers", ()):
-            self._layers.remove(layer)
-        self._engines = _Items(engines)
+            _upstream.untrack_layer(self, layer)
+        self._engines = _fit_args.Items(engines)
         self._engine_layers = [obj for engine in engines for obj in engine.keras_objects()]
 
     @classmethod
@@ -239,13 +229,10 @@ class ModelPack(keras.Model):
         optimizer and status; with `expand_nested=True`, each member's own `summary()` after
         it (given the other arguments, as `keras.Model.summary` takes them)."""
         places = []
-        fused = [e for e in self._engines if isinstance(e, FusedEngine)]
         for i in range(len(self._members)):
             engine, _ = self._locate(i)
-            if isinstance(engine, FusedEngine):
-                places.append(f"fused group {fused.index(engine)} ({len(engine.member_ids)})")
-            else:
-                places.append("graph engine")
+            same_kind = [e for e in self._engines if type(e) is type(engine)]
+            places.append(engine.describe(same_kind.index(engine)))
         pack_summary(
             self.name,
             self.members,
@@ -295,17 +282,7 @@ class ModelPack(keras.Model):
         The copy shares nothing with the pack and can be saved with `.save("m.keras")`.
         """
         self._check_index(index)
-        source = self.members[index]
-        copy = keras.models.clone_model(source)
-        copy.set_weights(source.get_weights())
-        if source.compiled:
-            config = keras.saving.deserialize_keras_object(source.get_compile_config())
-            copy.compile(**config)
-            copy.optimizer.build(copy.trainable_variables)
-            if source.optimizer.built:
-                for dst, src in zip(copy.optimizer.variables, source.optimizer.variables):
-                    dst.assign(src)
-        return copy
+        return members_lib.standalone_copy(self.members[index])
 
     def _locate(self, index: int) -> tuple[Engine, int]:
         """The engine training member `index`, and the member's position in it."""
@@ -345,14 +322,14 @@ class ModelPack(keras.Model):
         return outputs
 
     @property
-    def _gradient_engines(self) -> list[Engine]:
+    def _gradient_engines(self) -> list[GradientEngine]:
         """The engines whose members the pack's optimizer updates from the summed loss."""
-        return [engine for engine in self._engines if not engine.updates_itself]
+        return [engine for engine in self._engines if isinstance(engine, GradientEngine)]
 
     @property
-    def _stepping_engines(self) -> list[Engine]:
+    def _stepping_engines(self) -> list[SteppingEngine]:
         """The engines that update their members themselves in the pack's step."""
-        return [engine for engine in self._engines if engine.updates_itself]
+        return [engine for engine in self._engines if isinstance(engine, SteppingEngine)]
 
     def _engine_outputs(self, y_pred: Any) -> list:
         """Each gradient engine's share of `y_pred` (raw in training, or the member list)."""
@@ -444,7 +421,7 @@ class ModelPack(keras.Model):
         distributed = self._distributed()
         self._auto_steps = steps_per_execution == "auto"
         if self._auto_steps:
-            resolved_steps = 1 if distributed else _default_steps_per_execution(self.engine)
+            resolved_steps = 1 if distributed else self._default_steps_per_execution()
         elif distributed and steps_per_execution != 1:
             raise ValueError(
                 f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
@@ -484,30 +461,8 @@ class ModelPack(keras.Model):
         A fused member whose optimizer has no vectorized form moves to the graph engine
         (on TensorFlow with `fuse="auto"`; elsewhere it is an error naming it).
         """
-        unsupported = {}
-        for engine in self._gradient_engines:
-            for i in engine.member_ids:
-                try:
-                    settings = member_settings(i, optimizers[i])
-                except ValueError as e:
-                    unsupported[i] = str(e)
-                    continue
-                reason = _sparse_difference(self._members[i], settings)
-                if reason:
-                    unsupported[i] = reason
+        unsupported = planner.optimizer_moves(self._engines, self._members, optimizers)
         if unsupported:
-            reason = next(iter(unsupported.values()))
-            if self._fuse is True or keras.backend.backend() != "tensorflow":
-                raise ValueError(
-                    f"Invalid value for argument `optimizer`: {reason} The fused engine cannot "
-                    "train it; the graph engine can, on the TensorFlow backend with "
-                    'fuse="auto" or fuse=False.'
-                )
-            if self.compiled:
-                raise ValueError(
-                    f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
-                    "with these members fused before; build a new pack to train them."
-                )
             self._move_to_graph(unsupported)
         engines = self._gradient_engines
         if not engines:
@@ -528,17 +483,28 @@ class ModelPack(keras.Model):
         return optimizer
 
     def _move_to_graph(self, reasons: dict[int, str]) -> None:
-        """Moves fused members whose optimizers cannot be vectorized to the graph engine."""
-        for engine in self._engines:
-            engine.sync_members()
-        plan = self._fusion_report
-        members = list(self._members)
-        move_to_graph(
-            plan,
-            members,
+        """Moves fused members whose optimizers cannot be vectorized to the graph engine,
+        or raises where the graph engine cannot take them."""
+        reason = next(iter(reasons.values()))
+        if self._fuse is True or keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                f"Invalid value for argument `optimizer`: {reason} The fused engine cannot "
+                "train it; the graph engine can, on the TensorFlow backend with "
+                'fuse="auto" or fuse=False.'
+            )
+        if self.compiled:
+            raise ValueError(
+                f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
+                "with these members fused before; build a new pack to train them."
+            )
+        engines = planner.move_to_graph(
+            self._fusion_report,
+            list(self._members),
+            list(self._engines),
             {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
+            self._options,
         )
-        self._set_engines(self._planned_engines(plan))
+        self._set_engines(engines)
         message = (
             f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
             f"not fused: {next(iter(reasons.values()))}"
@@ -552,27 +518,19 @@ class ModelPack(keras.Model):
             return False
         import tensorflow as tf
 
-        return tf.distribute.has_strategy() or self._distribute_strategy is not None
+        return tf.distribute.has_strategy() or _upstream.model_strategy(self) is not None
 
     def _members_support_jit(self) -> bool:
-        """Whether XLA pays for this fused pack.
+        """Whether XLA pays for this pack: for every engine's group (each engine's rule)."""
+        return all(engine.supports_jit() for engine in self._gradient_engines)
 
-        Yes, except on TensorFlow on a CPU with convolutions or pooling, where XLA's CPU
-        backend is no faster than TensorFlow's own kernels and its compile time is lost
-        (measured on a 16-member small CNN: same steady throughput, 1.5x slower end to end).
-        """
+    def _default_steps_per_execution(self) -> int:
+        """Batches per compiled call for `steps_per_execution="auto"`: the least that any
+        of the pack's engines asks for; one on torch, whose Keras trainer runs one batch
+        per call."""
         if keras.backend.backend() == "torch":
-            return False
-        if not all(engine.supports_jit() for engine in self._gradient_engines):
-            return False
-        if keras.backend.backend() == "tensorflow" and not _has_gpu():
-            spatial = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
-            pooling = ("Pooling1D", "Pooling2D")
-            for member in self._members:
-                for layer in member.layers:
-                    if isinstance(layer, spatial) or type(layer).__name__.endswith(pooling):
-                        return False
-        return True
+            return 1
+        return min(engine.default_steps_per_execution for engine in self._engines)
 
     def get_compile_config(self) -> dict:
         if self._member_compile_args is None:
@@ -638,38 +596,6 @@ class ModelPack(keras.Model):
             result.extend(engine.metrics)
         return result
 
-    def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
-        if self._distributed() and iterator is not None and data_batch is None:
-            # Keras reduces the first distributed batch over the replicas only to learn its
-            # shapes, which fails for an (x, y) batch under MultiWorkerMirroredStrategy; one
-            # replica's share has the shapes.
-            for _, _, batches in iterator:
-                data_batch = tree.map_structure(self._first_replica_value, next(batches))
-                break
-        elif keras.backend.backend() == "tensorflow" and not self._distributed():
-            # Keras leaves building to the first trace of the step, and TensorFlow traces a
-            # function that makes variables twice; a pack's step is large, so the fused
-            # groups' state is made here, before the first trace. The graph engine's
-            # members build in the trace, as their own `fit` builds them (an optimizer's
-            # `build` may assign, which TensorFlow keeps only when it runs eagerly).
-            graph = {i for engine in self._stepping_engines for i in engine.member_ids}
-            fused = [i for i in range(len(self._members)) if i not in graph]
-            if data_batch is None and iterator is not None:
-                # From the batches' shapes: reading one would start an epoch of the data
-                # (a `PyDataset`'s workers would load batches that plain `fit` never asks
-                # for, and hand the first epoch some of them).
-                data_batch = _symbolic_batch(_upstream.epoch_iterator_element_spec(iterator))
-            self._symbolic_build(iterator=iterator, data_batch=data_batch, members=fused)
-            return
-        super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
-
-    def _first_replica_value(self, value: Any) -> Any:
-        import tensorflow as tf
-
-        if isinstance(value, tf.distribute.DistributedValues):
-            return self.distribute_strategy.experimental_local_results(value)[0]
-        return value
-
     def _symbolic_build(
         self, iterator: Any = None, data_batch: Any = None, members: Any = None
     ) -> None:
@@ -700,42 +626,11 @@ class ModelPack(keras.Model):
             self.optimizer.build(self._gradient_variables())
         super()._symbolic_build(iterator=None, data_batch=data_batch)
 
-    def _check_inputs(self, x: Any) -> None:
-        """Raises, naming the member, when a member cannot take the inputs `x`.
-
-        A fused group computes its members from one set of inputs, those of its first
-        member; plain Keras gives each model the keys its own inputs are named after. A
-        member whose layers fail on the shape of `x` is named before any step runs.
-        """
-        if hasattr(x, "element_spec"):
-            spec = x.element_spec
-            x = spec[0] if isinstance(spec, tuple) else spec
-        data_lib.check_member_inputs(x, self._members)
-        if not isinstance(x, dict):
-            return
-        for engine in self._gradient_engines:
-            names = [data_lib.input_names(member) for member in engine.members]
-            for member_id, own in zip(engine.member_ids[1:], names[1:]):
-                if own != names[0]:
-                    raise ValueError(
-                        f"Invalid inputs: members {engine.member_ids[0]} and {member_id} are "
-                        f"fused together but read different keys of the input dict ({names[0]} "
-                        f"and {own}). Name the members' `keras.Input`s alike, or pass "
-                        "`fuse=False` to ModelPack to train them on the graph engine."
-                    )
-
     def _check_labels(self, x: Any, y: Any) -> None:
-        """Raises, naming the member, when the labels cannot match the members' outputs."""
-        self._check_inputs(x)
+        """Raises, naming the member, when a member cannot take the inputs or the labels."""
+        _fit_args.check_inputs(x, self._members, self._gradient_engines)
         self._options.output_counts = tuple(data_lib.output_count(m) for m in self._members)
-        if y is None and hasattr(x, "element_spec"):
-            spec = x.element_spec
-            y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
-        per_member = data_lib.labels_per_member(y, self._options.output_counts)
-        data_lib.check_member_labels(x, y, self._members, per_member)
-        if keras.backend.backend() == "tensorflow":
-            # As Keras on TensorFlow does; on JAX and torch plain `fit` trains on them.
-            data_lib.check_label_ranges(y, self._members)
+        _fit_args.check_labels(x, y, self._members, self._options.output_counts)
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`.
@@ -747,16 +642,16 @@ class ModelPack(keras.Model):
             # Not the validation inside `fit`, whose labels `fit` checked.
             self._check_labels(x, y)
         return_dict = kwargs.pop("return_dict", False)
-        given = _arguments("evaluate", x, y, args, kwargs)
+        given = _fit_args.call_arguments("evaluate", x, y, args, kwargs)
         counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
-        with self._steps_for(callbacks, counts):
+        with _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
             logs = super().evaluate(
                 x,
                 y,
                 *args,
                 return_dict=True,
-                callbacks=self._with_progress_bar(callbacks, verbose),
+                callbacks=_fit_args.with_progress_bar(len(self._members), callbacks, verbose),
                 **kwargs,
             )
         if return_dict:
@@ -772,49 +667,13 @@ class ModelPack(keras.Model):
         """The names of the pack's figures, in the order `evaluate` returns them."""
         return list(self._logs())
 
-    @contextlib.contextmanager
-    def _steps_for(self, callbacks: Any, counts: Sequence[int | None] = ()) -> Iterator[None]:
-        """Batches per compiled call for one `fit`, `evaluate` or `predict`.
-
-        With `steps_per_execution="auto"` (many batches per call) Keras would call a
-        callback that acts on every batch once per call instead of once per batch, and run
-        whole calls past the `steps_per_epoch`, `validation_steps` or `steps` the user
-        counted (`counts`); a plain `fit` does neither (see `_batch_calls`).
-        """
-        steps = self.steps_per_execution
-        wanted = steps
-        if getattr(self, "_auto_steps", False) and not isinstance(
-            callbacks, keras.callbacks.CallbackList
-        ):
-            wanted = _batch_calls.steps_per_call(steps, callbacks or [], counts)
-        if wanted == steps:
-            yield
-            return
-        self._reset_step_functions(wanted)
-        try:
-            yield
-        finally:
-            self._reset_step_functions(steps)
-
-    def _reset_step_functions(self, steps: int) -> None:
-        self.steps_per_execution = steps
-        self.train_function = self.test_function = self.predict_function = None
-
     # Steps -------------------------------------------------------------------------------
 
     def train_step(self, *args: Any) -> Any:
-        if self._stepping_engines:
-            from keras_gpushare.pack import _tf_steps
-
-            return replicas.multi_worker_logs(_tf_steps.train_step(self, *args))
-        return replicas.multi_worker_logs(super().train_step(*args))
+        return _replicas.multi_worker_logs(super().train_step(*args))
 
     def test_step(self, *args: Any) -> Any:
-        if self._stepping_engines:
-            from keras_gpushare.pack import _tf_steps
-
-            return replicas.multi_worker_logs(_tf_steps.test_step(self, *args))
-        return replicas.multi_worker_logs(super().test_step(*args))
+        return _replicas.multi_worker_logs(super().test_step(*args))
 
     def compute_loss(
         self,
@@ -918,47 +777,28 @@ class ModelPack(keras.Model):
         if isinstance(validation, (list, tuple)) and len(validation) >= 2:
             self._check_labels(validation[0], validation[1])
         if self._data_mode == "shard":
-            self._check_shardable(x)
+            _fit_args.check_shardable(x, len(self._members))
         self._sync_member_mask()
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
-        given = _arguments("fit", x, y, args, kwargs)
+        given = _fit_args.call_arguments("fit", x, y, args, kwargs)
         counts = [given["steps_per_epoch"]]
         if given["validation_data"] is not None or given["validation_split"]:
             counts.append(given["validation_steps"])
-        with self._steps_for(callbacks, counts):
+        with _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
             history = super().fit(
                 x,
                 y,
                 *args,
-                callbacks=self._with_progress_bar(callbacks, given["verbose"]),
+                callbacks=_fit_args.with_progress_bar(
+                    len(self._members), callbacks, given["verbose"]
+                ),
                 **kwargs,
             )
         if all(m.built for m in self._members):
             self.built = True
         return history
-
-    def _with_progress_bar(self, callbacks: Any, verbose: Any) -> Any:
-        """`callbacks` with `PackProgbar` in place of Keras's default progress bar: batch
-        counts as a plain `fit` shows them and members in order (see `_progress`)."""
-        if isinstance(callbacks, keras.callbacks.CallbackList) or verbose == 0:
-            return callbacks
-        callbacks = list(tree.flatten(callbacks or []))
-        if not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
-            callbacks.append(PackProgbar(len(self._members)))
-        return callbacks
-
-    def _check_shardable(self, x: Any) -> None:
-        leaves = [] if x is None else tree.flatten(x)
-        sizes = {int(v.shape[0]) for v in leaves if hasattr(v, "shape") and len(v.shape)}
-        n = len(self._members)
-        if sizes and min(sizes) < n:
-            raise ValueError(
-                f'Invalid data for data="shard": {min(sizes)} samples for {n} members, so some '
-                f"members would get no data. Pass at least {n} samples, or use "
-                'data="replicate".'
-            )
 
     def predict(self, x: Any, *args: Any, stack: bool = False, **kwargs: Any) -> Any:
         """Predicts with every member: a list of N outputs, or one array with `stack=True`.
@@ -973,13 +813,16 @@ class ModelPack(keras.Model):
         Returns:
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
-        self._check_inputs(x)
-        given = _arguments("predict", x, None, args, kwargs)
+        _fit_args.check_inputs(x, self._members, self._gradient_engines)
+        given = _fit_args.call_arguments("predict", x, None, args, kwargs)
         counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
-        with self._steps_for(callbacks, counts):
+        with _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
             outputs = super().predict(
-                x, *args, callbacks=self._with_progress_bar(callbacks, verbose), **kwargs
+                x,
+                *args,
+                callbacks=_fit_args.with_progress_bar(len(self._members), callbacks, verbose),
+                **kwargs,
             )
         if not stack:
             return outputs
@@ -1034,101 +877,3 @@ class ModelPack(keras.Model):
             config["groups"] = [list(range(n))] if engine == "fused" else []
         # The saved weights have the saved plan's layout: rebuild exactly that plan.
         return cls(**config)
-
-
-def _arguments(method: str, x: Any, y: Any, args: tuple, kwargs: dict) -> dict:
-    """The arguments of a call of `keras.Model.<method>` by name, defaults included (the
-    defaults alone when Keras would refuse the call: it raises its own error then)."""
-    signature = inspect.signature(getattr(keras.Model, method))
-    given = (x, *args) if method == "predict" else (x, y, *args)
-    try:
-        bound = signature.bind_partial(None, *given, **kwargs)
-    except TypeError:
-        bound = signature.bind_partial(None)
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
-def _symbolic_batch(spec: Any) -> Any:
-    """Symbolic tensors shaped as the batches `spec` (`tf.TensorSpec`s) describes, or None
-    when it holds other kinds (ragged, sparse) or is None."""
-    if spec is None:
-        return None
-    import tensorflow as tf
-
-    leaves = tree.flatten(spec)
-    if not all(type(leaf) is tf.TensorSpec for leaf in leaves):
-        return None
-    return tree.map_structure(
-        lambda leaf: keras.KerasTensor(tuple(leaf.shape), leaf.dtype.name), spec
-    )
-
-
-def _has_gpu() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
-class _Items:
-    """A fixed sequence of objects Keras must not track as the pack's own (members, engines).
-
-    Members of a fused group are views of the stacked weights, not the pack's layers; the
-    engines are plain objects whose Keras parts the pack tracks itself (`_engine_layers`).
-    """
-
-    def __init__(self, items: Sequence[Any]) -> None:
-        self._items = list(items)
-
-    def __getitem__(self, index: int) -> Any:
-        return self._items[index]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self):
-        return iter(self._items)
-
-
-def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
-    """Why a fused `member` would train differently from its TensorFlow fit, or `None`.
-
-    On TensorFlow an `Embedding` table gets a sparse gradient (one slice per occurrence of a
-    token in the batch), and Keras's optimizers apply their element-wise operations to each
-    slice before adding them up: `Adam` adds the squares of a token's occurrences where the
-    fused engine, like Keras on JAX and torch, squares their sum. Only optimizers whose
-    update is linear in the gradient (SGD, Lion, without clipping) agree.
-    """
-    if keras.backend.backend() != "tensorflow" or not any(
-        isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member)
-    ):
-        return None
-    if settings.rule.linear_in_gradient and not any(settings.clip.values()):
-        return None
-    return (
-        "on TensorFlow Keras updates an `Embedding` table from its sparse gradient, applying "
-        "the optimizer's element-wise operations (the squares of `Adam`, `RMSprop`, ...) to "
-        "each occurrence of a token before adding them up, where the fused engine, like "
-        "Keras on JAX and torch, adds them first; the graph engine trains this member as "
-        "its own fit does (on JAX and torch it fuses)."
-    )
-
-
-def _all_layers(model: keras.Layer) -> Iterator[keras.Layer]:
-    """`model`'s layers, those of nested models included."""
-    for layer in getattr(model, "layers", []):
-        yield layer
-        yield from _all_layers(layer)
-
-
-def _graph_engine_class() -> type[Engine]:
-    """The graph engine (TensorFlow), imported only where it is used."""
-    from keras_gpushare.pack.engines.graph import GraphEngine
-
-    return GraphEngine
-
-
-def _default_steps_per_execution(engine: str) -> int:
-    if keras.backend.backend() == "torch":
-        return 1  # Keras's torch trainer runs one batch per call.
-    return _DEFAULT_STEPS_PER_EXECUTION["fused" if engine == "fused" else "graph"]

@@ -7,6 +7,8 @@ from typing import Any
 
 import keras
 
+from keras_gpushare import _upstream
+
 
 class MemberOptimizers(keras.optimizers.Optimizer):
     """Holds one optimizer per member; the pack applies each to its own member.
@@ -29,7 +31,7 @@ class MemberOptimizers(keras.optimizers.Optimizer):
         at its end (an optimizer with `use_ema=True` swaps in the moving averages)."""
         for optimizer in self.optimizers:
             if optimizer.built:
-                optimizer.finalize_variable_values(optimizer._trainable_variables)
+                optimizer.finalize_variable_values(_upstream.optimizer_variables_list(optimizer))
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         raise NotImplementedError(

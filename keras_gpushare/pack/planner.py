@@ -3,19 +3,24 @@
 `fuse="auto"` puts members that can be computed together into fused groups (one stacked
 model each) and leaves only what fuses with nothing to the graph engine (TensorFlow), all
 trained in one step. The plan and why each member landed where it did is the pack's
-`fusion_report`.
+`fusion_report`. The planner also builds the engines a plan names (`build_engines`), and
+re-plans at `compile` when a fused member's optimizer cannot be vectorized
+(`optimizer_moves`, `move_to_graph`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
 
+from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine
+from keras_gpushare.pack.engines.fused import FusedEngine
 from keras_gpushare.pack.fusion import cost, template
+from keras_gpushare.pack.fusion._member_settings import member_settings
 from keras_gpushare.pack.fusion.converter import fusion_signature, member_graph
 from keras_gpushare.pack.fusion.report import inspect_members
 
@@ -114,12 +119,119 @@ def plan_engines(
     return plan
 
 
-def move_to_graph(plan: EnginePlan, members: Sequence[keras.Model], reasons: dict) -> None:
-    """Takes the members `reasons` names out of their fused groups, onto the graph engine."""
+def build_engines(
+    plan: EnginePlan, members: Sequence[keras.Model], options: EngineOptions
+) -> list[Engine]:
+    """The engines `plan` names: one fused engine per group, then the graph engine for the
+    rest, if any.
+
+    Args:
+        plan: the pack's plan.
+        members: the pack's members.
+        options: the pack's `EngineOptions`, handed to every engine.
+    """
+    engines: list[Engine] = [
+        FusedEngine([members[i] for i in group], group, options, fusion_plan)
+        for group, fusion_plan in zip(plan.groups, plan.fusion_plans, strict=True)
+    ]
+    if plan.graph:
+        engines.append(_graph_engine_class()([members[i] for i in plan.graph], plan.graph, options))
+    return engines
+
+
+def optimizer_moves(
+    engines: Sequence[Engine], members: Sequence[keras.Model], optimizers: Sequence[Any]
+) -> dict[int, str]:
+    """The members of gradient engines that the pack's vectorized optimizer cannot train
+    as their own fits would, and why (a sentence per member index).
+
+    Args:
+        engines: the pack's engines.
+        members: the pack's members.
+        optimizers: each member's optimizer, in member order.
+    """
+    reasons = {}
+    for engine in engines:
+        if not isinstance(engine, GradientEngine):
+            continue
+        for i in engine.member_ids:
+            try:
+                settings = member_settings(i, optimizers[i])
+            except ValueError as e:
+                reasons[i] = str(e)
+                continue
+            reason = _sparse_difference(members[i], settings)
+            if reason:
+                reasons[i] = reason
+    return reasons
+
+
+def move_to_graph(
+    plan: EnginePlan,
+    members: Sequence[keras.Model],
+    engines: Sequence[Engine],
+    reasons: dict[int, str],
+    options: EngineOptions,
+) -> list[Engine]:
+    """Takes the members `reasons` names out of their fused groups, onto the graph engine.
+
+    The members first take their engines' current weights; `plan` is updated in place.
+
+    Args:
+        plan: the pack's plan.
+        members: the pack's members.
+        engines: the pack's engines now.
+        reasons: why each member moves, by member index.
+        options: the pack's `EngineOptions`.
+
+    Returns:
+        The engines of the new plan.
+    """
+    for engine in engines:
+        engine.sync_members()
     groups = [tuple(i for i in g if i not in reasons) for g in plan.groups]
     _set_groups(plan, members, [g for g in groups if g])
     plan.graph = tuple(sorted({*plan.graph, *reasons}))
     plan.reasons.update(reasons)
+    return build_engines(plan, members, options)
+
+
+def _graph_engine_class() -> type[Engine]:
+    """The graph engine (TensorFlow), imported only where it is used."""
+    from keras_gpushare.pack.engines.graph import GraphEngine
+
+    return GraphEngine
+
+
+def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
+    """Why a fused `member` would train differently from its TensorFlow fit, or `None`.
+
+    On TensorFlow an `Embedding` table gets a sparse gradient (one slice per occurrence of a
+    token in the batch), and Keras's optimizers apply their element-wise operations to each
+    slice before adding them up: `Adam` adds the squares of a token's occurrences where the
+    fused engine, like Keras on JAX and torch, squares their sum. Only optimizers whose
+    update is linear in the gradient (SGD, Lion, without clipping) agree.
+    """
+    if keras.backend.backend() != "tensorflow" or not any(
+        isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member)
+    ):
+        return None
+    if settings.rule.linear_in_gradient and not any(settings.clip.values()):
+        return None
+    return (
+        "on TensorFlow Keras updates an `Embedding` table from its sparse gradient, applying "
+        "the optimizer's element-wise operations (the squares of `Adam`, `RMSprop`, ...) to "
+        "each occurrence of a token before adding them up, where the fused engine, like "
+        "Keras on JAX and torch, adds them first; the graph engine trains this member as "
+        "its own fit does (on JAX and torch it fuses)."
+    )
+
+
+def _all_layers(model: keras.Layer) -> Iterator[keras.Layer]:
+    """`model`'s layers, those of nested models included."""
+    for layer in getattr(model, "layers", []):
+        yield layer
+        yield from _all_layers(layer)
 
 
 def _set_groups(

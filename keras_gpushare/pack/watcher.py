@@ -7,8 +7,9 @@ import warnings
 
 import keras
 
+from keras_gpushare import _upstream
+from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN
 from keras_gpushare.pack.member_callbacks import metric_direction, named_member
-from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN
 
 logger = logging.getLogger("keras_gpushare.pack")
 
@@ -30,9 +31,9 @@ class StatusWatcher(keras.callbacks.Callback):
         for callback in self._callbacks:
             if getattr(callback, "monitor_op", "absent") is None and callback.mode == "auto":
                 mode = _member_monitor_mode(self.model, callback.monitor)
-                if mode is not None and hasattr(callback, "_set_monitor_op"):
+                if mode is not None:
                     callback.mode = mode
-                    callback._set_monitor_op()
+                    _upstream.reset_monitor_op(callback)
                     callback.mode = "auto"
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -1,14 +1,16 @@
 """The protocol every engine of a `ModelPack` follows.
 
 An engine trains some of a pack's members (a "group") by one method. The pack builds its
-engines, hands each its members, their positions in the pack (`member_ids`) and the options
-it needs, and calls them; an engine never sees the pack. Two kinds exist:
+engines (`planner.build_engines`), hands each its members, their positions in the pack
+(`member_ids`) and the options it needs, and calls them; an engine never sees the pack. Two
+kinds exist, each a base class declaring every method the pack calls on it, and the pack
+tells them apart by type:
 
-- engines whose members are updated by the pack's optimizer from the gradient of the summed
-  loss (`updates_itself = False`): they compute member outputs and losses, and the pack's
-  Keras training step (any backend) does the rest;
-- engines that update their members themselves inside the step (`updates_itself = True`,
-  TensorFlow only): `train` runs forward, backward and each member's own optimizer.
+- `GradientEngine`: its members are updated by the pack's optimizer from the gradient of the
+  summed loss. It computes member outputs, losses and metrics, and the pack's Keras training
+  step (any backend) does the rest;
+- `SteppingEngine`: it updates its members itself inside the pack's step (TensorFlow only):
+  `train` runs forward, backward and each member's own optimizer.
 
 Each engine reports, per member, the figures the pack turns into its logs (`MemberFigures`).
 """
@@ -54,7 +56,12 @@ class MemberFigures:
 
 
 class Engine:
-    """Base class of the engines of a `ModelPack` (see the module docstring).
+    """What every engine of a `ModelPack` does (see the module docstring).
+
+    Subclasses derive from `GradientEngine` or `SteppingEngine`, never from this class
+    alone, and set two class attributes: `kind`, the engine's name in `ModelPack.engine`,
+    and `default_steps_per_execution`, the batches per compiled call that
+    `steps_per_execution="auto"` picks for it (a pack takes the least over its engines).
 
     Args:
         members: the member models of this group, in `member_ids` order.
@@ -63,7 +70,7 @@ class Engine:
     """
 
     kind = ""
-    updates_itself = False
+    default_steps_per_execution = 1
 
     def __init__(
         self, members: Sequence[keras.Model], member_ids: Sequence[int], options: EngineOptions
@@ -126,3 +133,75 @@ class Engine:
             optimizer: the pack's optimizer.
         """
         return self.members[j].optimizer
+
+    def describe(self, index: int) -> str:
+        """Where this engine's members train, as the pack's `summary` names it.
+
+        Args:
+            index: this engine's position among the pack's engines of its kind.
+        """
+        raise NotImplementedError
+
+
+class GradientEngine(Engine):
+    """An engine whose members the pack's optimizer updates from the summed loss's gradient.
+
+    The pack's training step calls `call` (training outputs), `loss`, then differentiates
+    the sum of the losses with respect to `keras_objects()`' trainable variables and
+    applies the pack's (vectorized) optimizer, then `update_metrics`.
+    """
+
+    def supports_jit(self) -> bool:
+        """Whether XLA pays for this group's step (`jit_compile="auto"`)."""
+        raise NotImplementedError
+
+    def loss(
+        self, x: Any, y: Any, y_pred: Any, sample_weight: Any, status: Any, training: bool
+    ) -> tuple[Any, Any]:
+        """This group's member losses to sum, and which members to freeze.
+
+        Args:
+            x: the pack's inputs.
+            y: the pack's labels.
+            y_pred: this group's raw outputs (`call`'s), or its members' outputs.
+            sample_weight: the pack's sample weights.
+            status: this group's status codes, shape (k,).
+            training: whether this is a training step.
+
+        Returns:
+            `(losses, freeze)`: the (k,) losses whose sum the pack differentiates, and a
+            boolean (k,) vector of the members to freeze.
+        """
+        raise NotImplementedError
+
+    def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
+        """Updates every member's compiled metrics from this group's outputs `y_pred`."""
+        raise NotImplementedError
+
+    def build_metric_states(self, y: Any) -> None:
+        """Makes the metric state the step would make, before the first step (labels `y`)."""
+
+    def read_optimizer_state(self, optimizer: Any) -> None:
+        """Loads the members' own optimizer state (a member trained before) into `optimizer`,
+        the pack's optimizer."""
+
+
+class SteppingEngine(Engine):
+    """An engine that updates its members itself in the pack's step (TensorFlow only).
+
+    Its members' variables are not the pack optimizer's: the pack's TensorFlow step
+    (`_tf_steps.TensorFlowSteps`) calls `train` and `test` after the gradient engines.
+    """
+
+    def train(self, data: Any, status: Any) -> Any:
+        """Trains every active member on its part of `data`; returns the new status codes.
+
+        Args:
+            data: the pack's batch.
+            status: this group's status codes, shape (k,).
+        """
+        raise NotImplementedError
+
+    def test(self, data: Any) -> None:
+        """Evaluates every member on the whole batch `data`, updating its metrics."""
+        raise NotImplementedError

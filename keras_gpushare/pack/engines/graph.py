@@ -8,7 +8,6 @@ optimizer. This engine is TensorFlow's: it updates its members itself inside the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -16,10 +15,10 @@ import tensorflow as tf
 from keras import tree
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack import _replicas
 from keras_gpushare.pack import data as data_lib
-from keras_gpushare.pack import replicas
-from keras_gpushare.pack.engines.base import Engine, EngineOptions, MemberFigures
-from keras_gpushare.pack.members import ACTIVE, FROZEN_NAN
+from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN
+from keras_gpushare.pack.engines.base import MemberFigures, SteppingEngine
 
 
 def _batch_size(x: Any) -> tf.Tensor:
@@ -66,7 +65,7 @@ def _update_metrics(member: keras.Model, batch: tuple, y_pred: Any, loss: tf.Ten
     member.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
-class GraphEngine(Engine):
+class GraphEngine(SteppingEngine):
     """Members of any architectures, each stepped by its own optimizer in one traced step.
 
     Args:
@@ -76,12 +75,7 @@ class GraphEngine(Engine):
     """
 
     kind = "graph"
-    updates_itself = True
-
-    def __init__(
-        self, members: Sequence[keras.Model], member_ids: Sequence[int], options: EngineOptions
-    ) -> None:
-        super().__init__(members, member_ids, options)
+    default_steps_per_execution = 16
 
     def keras_objects(self) -> list:
         return list(self.members)
@@ -101,6 +95,9 @@ class GraphEngine(Engine):
 
     def member_outputs(self, raw: Any) -> list:
         return raw
+
+    def describe(self, index: int) -> str:
+        return "graph engine"
 
     def _batches(self, data: Any, training: bool) -> list[tuple[Any, Any, Any]]:
         return data_lib.member_batches(
@@ -127,13 +124,7 @@ class GraphEngine(Engine):
         )
 
     def train(self, data: Any, status: tf.Tensor) -> tf.Tensor:
-        """Trains every active member on its part of `data`; returns the new status codes.
-
-        Args:
-            data: the pack's batch.
-            status: this group's status codes, shape (k,).
-        """
-        if replicas.replica_context() is not None:
+        if _replicas.replica_context() is not None:
             return self._replicated_train(data, status)
         new_status = []
         for j, (member, batch) in enumerate(zip(self.members, self._batches(data, True))):
@@ -163,8 +154,8 @@ class GraphEngine(Engine):
             steps.append((y_pred, loss, pairs))
             not_finite.append(tf.logical_not(_finite(member, loss, grads)))
             rows.append(_batch_size(batch[0]))
-        not_finite = replicas.any_replica(tf.stack(not_finite))
-        rows = replicas.all_replicas_sum(tf.cast(tf.stack(rows), tf.float32))
+        not_finite = _replicas.any_replica(tf.stack(not_finite))
+        rows = _replicas.all_replicas_sum(tf.cast(tf.stack(rows), tf.float32))
         run = tf.equal(status, ACTIVE) & tf.greater(rows, 0.0)
         freeze = self.options.on_nan == "freeze"
         apply = run & tf.logical_not(not_finite) if freeze else run
@@ -172,7 +163,7 @@ class GraphEngine(Engine):
             lambda grads, m=member, p=pairs: m.optimizer.apply(grads, [v for _, v in p])
             for member, (_, _, pairs) in zip(self.members, steps)
         ]
-        replicas.run_where(
+        _replicas.run_where(
             tf.unstack(apply), updates, [([g for g, _ in pairs],) for _, _, pairs in steps]
         )
         for j, (member, batch, (y_pred, loss, _)) in enumerate(zip(self.members, batches, steps)):
@@ -186,7 +177,6 @@ class GraphEngine(Engine):
         return status
 
     def test(self, data: Any) -> None:
-        """Evaluates every member on the whole batch, updating its metrics."""
         for member, (x, y, sample_weight) in zip(self.members, self._batches(data, False)):
             y_pred = member(x, training=False)
             loss = member.compute_loss(

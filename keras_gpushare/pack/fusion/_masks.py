@@ -97,8 +97,9 @@ def mask_only_nodes(functional):
     """
     outputs = {id(x) for x in keras.tree.flatten(functional.outputs)}
     uses = {}
-    for depth in functional._nodes_by_depth:
-        for node in functional._nodes_by_depth[depth]:
+    by_depth = _upstream.nodes_by_depth(functional)
+    for depth in by_depth:
+        for node in by_depth[depth]:
             if node.is_input or not node.operation:
                 continue
             implicit = implicit_mask_kwargs(node)
@@ -111,8 +112,8 @@ def mask_only_nodes(functional):
             for x in node.arguments.keras_tensors:
                 uses.setdefault(id(x), []).append((node, id(x) in mask_ids))
     found = set()
-    for depth in sorted(functional._nodes_by_depth):
-        for node in functional._nodes_by_depth[depth]:
+    for depth in sorted(by_depth):
+        for node in by_depth[depth]:
             if node.is_input or not node.operation:
                 continue
             if isinstance(node.operation, keras.layers.Layer):
@@ -133,6 +134,6 @@ def touches_masks(node):
     """
     layer = node.operation
     incoming = any(keras_mask(x) is not None for x in node.arguments.keras_tensors)
-    uses = getattr(layer, "supports_masking", False) or getattr(layer, "_call_has_mask_arg", False)
+    uses = getattr(layer, "supports_masking", False) or _upstream.call_takes_mask(layer)
     outgoing = any(keras_mask(x) is not None for x in node.outputs)
     return (incoming and uses) or outgoing

@@ -8,6 +8,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _optimizer_rules
 
 _SCHEDULE = keras.optimizers.schedules.LearningRateSchedule
@@ -86,10 +87,10 @@ def member_settings(index: int, optimizer: Any) -> MemberSettings:
             f"Member {index}'s optimizer `{type(inner).__name__}` has no vectorized form. "
             f"Supported: {supported}."
         )
+    excluded_keys, excluded_pattern = _upstream.weight_decay_exclusions(inner)
     unsupported = {
         "use_ema": inner.use_ema,
-        "exclude_from_weight_decay": getattr(inner, "_exclude_from_weight_decay", None)
-        or getattr(inner, "_exclude_from_weight_decay_pattern", None),
+        "exclude_from_weight_decay": excluded_keys or excluded_pattern,
     }
     for name, value in unsupported.items():
         if value:

@@ -153,7 +153,10 @@ class _Adamax(OptimizerRule):
         return {"momentum": [0.0] * len(hypers), "norm": [0.0] * len(hypers)}
 
     def member_slots(self, optimizer):
-        return {"momentum": optimizer._m, "norm": optimizer._u}
+        return {
+            "momentum": _upstream.slot_list(optimizer, "m"),
+            "norm": _upstream.slot_list(optimizer, "u"),
+        }
 
     def update(self, gradient, variable, slots, h, lr, step, state):
         beta_1_power = ops.power(h["beta_1"], step)
@@ -166,7 +169,7 @@ class _Adamax(OptimizerRule):
 class _Nadam(OptimizerRule):
     classes = (keras.optimizers.Nadam,)
     hyperparameters = ("beta_1", "beta_2", "epsilon")
-    member_state = {"u_product": lambda optimizer: optimizer._u_product}
+    member_state = {"u_product": _upstream.nadam_u_product}
 
     def slots(self, hypers):
         return {"momentum": [0.0] * len(hypers), "velocity": [0.0] * len(hypers)}
@@ -315,8 +318,8 @@ class _Adadelta(OptimizerRule):
 
     def member_slots(self, optimizer):
         return {
-            "accumulated_grad": optimizer._accumulated_grads,
-            "accumulated_delta_var": optimizer._accumulated_delta_vars,
+            "accumulated_grad": _upstream.slot_list(optimizer, "accumulated_grads"),
+            "accumulated_delta_var": _upstream.slot_list(optimizer, "accumulated_delta_vars"),
         }
 
     def update(self, gradient, variable, slots, h, lr, step, state):
@@ -352,7 +355,7 @@ class _Ftrl(OptimizerRule):
     def member_slots(self, optimizer):
         return {
             "accumulator": _upstream.slot_list(optimizer, "accumulators"),
-            "linear": optimizer._linears,
+            "linear": _upstream.slot_list(optimizer, "linears"),
         }
 
     def update(self, gradient, variable, slots, h, lr, step, state):

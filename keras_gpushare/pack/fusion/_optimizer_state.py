@@ -50,7 +50,8 @@ def _slot_pairs(
                     yield row, index, stacked, slot_list[position]
             accumulator = optimizer.accumulator(k)
             if accumulator is not None and inner.gradient_accumulation_steps:
-                yield j, index, accumulator, inner._accumulated_gradients[position]
+                accumulated = _upstream.slot_list(inner, "accumulated_gradients")
+                yield j, index, accumulator, accumulated[position]
 
 
 def _checked(optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids: Any) -> tuple:

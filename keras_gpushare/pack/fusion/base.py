@@ -50,6 +50,10 @@ class FusedLayer(keras.layers.Layer):
       `Masking`): it uses an incoming mask as the member does and `compute_mask` returns
       the member's output mask in the fused layout (stacked when the output is stacked).
       Members whose layer uses or makes a mask do not fuse otherwise.
+    - `xla_pays_on_cpu` (class attribute, optional): set it to `False` when XLA's CPU
+      backend computes the layer no faster than TensorFlow's own kernels (convolutions,
+      pooling), so compiling a step holding it only costs time: `jit_compile="auto"` then
+      leaves XLA off for its group on a TensorFlow CPU.
     - Other call arguments: the converter calls the fused layer as the member layer was
       called, with the first argument positional and the others by name, so `call` takes
       the member's argument names (`initial_state`, `key`, `attention_mask`, ...). Only the
@@ -114,6 +118,7 @@ class FusedLayer(keras.layers.Layer):
     computes_present_only = False
     handles_masks = False
     member_state = ()
+    xla_pays_on_cpu = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(**kwargs)

@@ -35,7 +35,7 @@ def own_step_methods(model):
     """
     if isinstance(model, keras.Sequential):
         base = keras.Sequential
-    elif hasattr(model, "_nodes_by_depth"):
+    elif _upstream.has_layer_graph(model):
         base = keras.Model
     else:
         return []
@@ -64,13 +64,13 @@ def member_graph(model):
             "a fused model would run its layer graph with the pack's step instead"
         )
     if isinstance(model, keras.Sequential):
-        functional = getattr(model, "_functional", None)
+        functional = _upstream.sequential_graph(model)
         if functional is None:
             return None, (
                 "Sequential model without a known input shape; start it with "
                 "`keras.Input(shape)` or build it on data first"
             )
-    elif isinstance(model, keras.Model) and hasattr(model, "_nodes_by_depth"):
+    elif isinstance(model, keras.Model) and _upstream.has_layer_graph(model):
         functional = model
     elif isinstance(model, keras.Model):
         return None, (
@@ -82,8 +82,9 @@ def member_graph(model):
     refs = {id(x): ("input", i) for i, x in enumerate(functional.inputs)}
     nodes, layers, seen = [], [], set()
     mask_only = _masks.mask_only_nodes(functional)
-    for depth in sorted(functional._nodes_by_depth, reverse=True):
-        for node in functional._nodes_by_depth[depth]:
+    by_depth = _upstream.nodes_by_depth(functional)
+    for depth in sorted(by_depth, reverse=True):
+        for node in by_depth[depth]:
             if not node.operation or node.is_input or id(node) in mask_only:
                 continue
             for j, out in enumerate(node.outputs):
@@ -322,7 +323,7 @@ def build_graph(plan, n_members, input_mode):
     new_inputs = []
     for i, x in enumerate(functional.inputs):
         member_shape = tuple(x.shape[1:])
-        name = x._keras_history.operation.name
+        name = _upstream.producing_layer(x).name
         if stacked_inputs:
             new = keras.Input(
                 batch_shape=(n_members, None, *member_shape), dtype=x.dtype, name=name
@@ -416,7 +417,7 @@ def build_graph(plan, n_members, input_mode):
     else:
         ends = [key_of(0, x) for x in functional.outputs]
     outputs = [stacked_tensor(key) for key in ends]
-    inputs = keras.tree.pack_sequence_as(functional._inputs_struct, new_inputs)
-    outputs = keras.tree.pack_sequence_as(functional._outputs_struct, outputs)
+    inputs = keras.tree.pack_sequence_as(_upstream.inputs_struct(functional), new_inputs)
+    outputs = keras.tree.pack_sequence_as(_upstream.outputs_struct(functional), outputs)
     model = keras.Model(inputs, outputs, name=f"fused_{functional.name}")
     return model, layer_index

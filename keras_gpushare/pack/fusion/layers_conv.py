@@ -62,6 +62,7 @@ class FusedConv(FusedLayer):
     per_member_keys = ("activation", "use_bias")
     regularizer_keys = ("kernel_regularizer", "bias_regularizer")
     skippable = True
+    xla_pays_on_cpu = False
 
     def __init__(
         self,
@@ -255,6 +256,7 @@ class FusedConvTranspose(FusedConv):
     size_keys = ()
     per_member_keys = ()
     skippable = False
+    xla_pays_on_cpu = True
 
     def __init__(
         self, n_members, member_config, input_stacked=True, implementation="auto", **kwargs
@@ -366,6 +368,7 @@ class FusedDepthwiseConv2D(FusedLayer):
 
     per_member_keys = ("activation", "use_bias")
     regularizer_keys = ("depthwise_regularizer", "bias_regularizer")
+    xla_pays_on_cpu = False
 
     @classmethod
     def unsupported_reason(cls, member_config):

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _padding
 from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
@@ -418,6 +419,11 @@ class FusedPerSample(FusedLayer):
         )
 
     @property
+    def xla_pays_on_cpu(self):
+        """Not for pooling (see `FusedLayer`); yes for the other per-sample layers."""
+        return type(self.inner).__name__ not in _POOLING
+
+    @property
     def output_stacked(self):
         flags = self.input_stacked
         return any(flags) if isinstance(flags, (list, tuple)) else bool(flags)
@@ -442,9 +448,10 @@ class FusedPerSample(FusedLayer):
 
     def _call_kwargs(self, mask, training):
         kwargs = {}
-        if self.inner._call_has_training_arg:
+        if _upstream.call_takes_training(self.inner):
             kwargs["training"] = training
-        if any(m is not None for m in keras.tree.flatten(mask)) and self.inner._call_has_mask_arg:
+        masked = any(m is not None for m in keras.tree.flatten(mask))
+        if masked and _upstream.call_takes_mask(self.inner):
             kwargs["mask"] = mask
         return kwargs
 
@@ -667,6 +674,7 @@ _PER_SAMPLE = (
     "Dot",
     "Rescaling",
 )
+_POOLING = tuple(n for n in _PER_SAMPLE if "Pooling" in n)
 # Per-sample layers that treat each feature (last axis) on its own, and merges of inputs
 # laid out alike: padded features pass through them.
 _FEATURE_WISE = {

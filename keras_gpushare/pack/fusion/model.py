@@ -59,6 +59,11 @@ class FusedModel(keras.Model):
     def call(self, inputs, training=None):
         return self.graph(inputs, training=training)
 
+    @property
+    def xla_pays_on_cpu(self) -> bool:
+        """Whether XLA pays for this model on a CPU: no fused layer says otherwise."""
+        return all(getattr(layer, "xla_pays_on_cpu", True) for layer in self.graph.layers)
+
     def member_variable_map(self, members: Sequence[keras.Model]) -> list:
         """Pair every fused variable with the member variables it stacks.
 

@@ -357,9 +357,9 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         _upstream.iterations_variable(self).assign_add(1)
 
     def _vectorized_update(self, grads, variables, scale_grad):
-        from keras_gpushare.pack import replicas
+        from keras_gpushare.pack import _replicas
 
-        context = replicas.replica_context()
+        context = _replicas.replica_context()
         if context is not None:
             grads = context.all_reduce("sum", list(grads))
             if scale_grad is not None:

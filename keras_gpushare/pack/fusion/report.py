@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import keras
 from keras import KerasTensor
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import converter
 from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion import template as template_lib
@@ -113,8 +114,8 @@ def _model_problems(graphs):
             for a, b in zip(first.inputs, other.inputs)
         ):
             problems.append(f"member {i} has different inputs (shapes or dtypes) than member 0")
-        if keras.tree.map_structure(lambda _: 0, other._outputs_struct) != (
-            keras.tree.map_structure(lambda _: 0, first._outputs_struct)
+        if keras.tree.map_structure(lambda _: 0, _upstream.outputs_struct(other)) != (
+            keras.tree.map_structure(lambda _: 0, _upstream.outputs_struct(first))
         ) or [tuple(x.shape) for x in other.outputs] != [tuple(x.shape) for x in first.outputs]:
             problems.append(f"member {i}'s outputs differ from member 0's (structure or shape)")
     return problems

@@ -1,0 +1,159 @@
+"""What `ModelPack.fit`, `evaluate` and `predict` do with their arguments before Keras's.
+
+Keras's own loops run a pack's steps; the pack first reads the arguments Keras will read
+(`call_arguments`), checks its members can take the data (`check_inputs`, `check_labels`,
+`check_shardable`), picks the batches per compiled call for the callbacks given
+(`steps_for`) and puts its own progress bar in Keras's place (`with_progress_bar`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+from keras import tree
+
+from keras_gpushare.pack import _batch_calls
+from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack._progress import PackProgbar
+
+
+def call_arguments(method: str, x: Any, y: Any, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call of `keras.Model.<method>` by name, defaults included (the
+    defaults alone when Keras would refuse the call: it raises its own error then)."""
+    signature = inspect.signature(getattr(keras.Model, method))
+    given = (x, *args) if method == "predict" else (x, y, *args)
+    try:
+        bound = signature.bind_partial(None, *given, **kwargs)
+    except TypeError:
+        bound = signature.bind_partial(None)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def check_inputs(x: Any, members: Sequence[keras.Model], engines: Sequence[Any]) -> None:
+    """Raises, naming the member, when a member cannot take the inputs `x`.
+
+    A gradient engine's group (a fused group) computes its members from one set of inputs,
+    those of its first member; plain Keras gives each model the keys its own inputs are
+    named after. A member whose layers fail on the shape of `x` is named before any step
+    runs.
+
+    Args:
+        x: the inputs given to `fit`, `evaluate` or `predict`.
+        members: the pack's members.
+        engines: the pack's gradient engines.
+    """
+    if hasattr(x, "element_spec"):
+        spec = x.element_spec
+        x = spec[0] if isinstance(spec, tuple) else spec
+    data_lib.check_member_inputs(x, members)
+    if not isinstance(x, dict):
+        return
+    for engine in engines:
+        names = [data_lib.input_names(member) for member in engine.members]
+        for member_id, own in zip(engine.member_ids[1:], names[1:]):
+            if own != names[0]:
+                raise ValueError(
+                    f"Invalid inputs: members {engine.member_ids[0]} and {member_id} are "
+                    f"fused together but read different keys of the input dict ({names[0]} "
+                    f"and {own}). Name the members' `keras.Input`s alike, or pass "
+                    "`fuse=False` to ModelPack to train them on the graph engine."
+                )
+
+
+def check_labels(
+    x: Any, y: Any, members: Sequence[keras.Model], output_counts: Sequence[int | None]
+) -> None:
+    """Raises, naming the member, when the labels cannot match the members' outputs.
+
+    Args:
+        x: the inputs (a dataset's element spec gives the labels when `y` is None).
+        y: the labels.
+        members: the pack's members.
+        output_counts: each member's number of outputs.
+    """
+    if y is None and hasattr(x, "element_spec"):
+        spec = x.element_spec
+        y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
+    per_member = data_lib.labels_per_member(y, output_counts)
+    data_lib.check_member_labels(x, y, members, per_member)
+    if keras.backend.backend() == "tensorflow":
+        # As Keras on TensorFlow does; on JAX and torch plain `fit` trains on them.
+        data_lib.check_label_ranges(y, members)
+
+
+def check_shardable(x: Any, n: int) -> None:
+    """Raises when `x` has fewer samples than the `n` members of a `data="shard"` pack."""
+    leaves = [] if x is None else tree.flatten(x)
+    sizes = {int(v.shape[0]) for v in leaves if hasattr(v, "shape") and len(v.shape)}
+    if sizes and min(sizes) < n:
+        raise ValueError(
+            f'Invalid data for data="shard": {min(sizes)} samples for {n} members, so some '
+            f"members would get no data. Pass at least {n} samples, or use "
+            'data="replicate".'
+        )
+
+
+def with_progress_bar(n: int, callbacks: Any, verbose: Any) -> Any:
+    """`callbacks` with `PackProgbar` in place of Keras's default progress bar: batch
+    counts as a plain `fit` shows them and the `n` members in order (see `_progress`)."""
+    if isinstance(callbacks, keras.callbacks.CallbackList) or verbose == 0:
+        return callbacks
+    callbacks = list(tree.flatten(callbacks or []))
+    if not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
+        callbacks.append(PackProgbar(n))
+    return callbacks
+
+
+@contextlib.contextmanager
+def steps_for(
+    model: keras.Model, auto: bool, callbacks: Any, counts: Sequence[int | None] = ()
+) -> Iterator[None]:
+    """Batches per compiled call of `model` for one `fit`, `evaluate` or `predict`.
+
+    With `steps_per_execution="auto"` (`auto`: many batches per call) Keras would call a
+    callback that acts on every batch once per call instead of once per batch, and run
+    whole calls past the `steps_per_epoch`, `validation_steps` or `steps` the user
+    counted (`counts`); a plain `fit` does neither (see `_batch_calls`).
+    """
+    steps = model.steps_per_execution
+    wanted = steps
+    if auto and not isinstance(callbacks, keras.callbacks.CallbackList):
+        wanted = _batch_calls.steps_per_call(steps, callbacks or [], counts)
+    if wanted == steps:
+        yield
+        return
+    _reset_step_functions(model, wanted)
+    try:
+        yield
+    finally:
+        _reset_step_functions(model, steps)
+
+
+def _reset_step_functions(model: keras.Model, steps: int) -> None:
+    model.steps_per_execution = steps
+    model.train_function = model.test_function = model.predict_function = None
+
+
+class Items:
+    """A fixed sequence of objects Keras must not track as the pack's own (members, engines).
+
+    Members of a fused group are views of the stacked weights, not the pack's layers; the
+    engines are plain objects whose Keras parts the pack tracks itself (`_engine_layers`).
+    """
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self._items = list(items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
