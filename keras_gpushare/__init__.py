@@ -15,7 +15,7 @@ import keras
 from keras_gpushare import callbacks
 from keras_gpushare.autopack import find_pack_size
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.pack.fusion import register_fused_layer
+from keras_gpushare.pack.fusion import register_fused_layer, register_optimizer_rule
 from keras_gpushare.workers import run_local_workers
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -37,6 +37,7 @@ __all__ = [
     "callbacks",
     "find_pack_size",
     "register_fused_layer",
+    "register_optimizer_rule",
     "run_local_workers",
     "share_gpu",
     "split_model",

@@ -26,7 +26,7 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.member_callbacks import member_logs, named_member
+from keras_gpushare.pack._member_callbacks import member_logs, named_member
 
 # Keras's bar without figures: "16/16 ━━━━━━━━━━━━━━━━━━━━ 1s 20ms/step".
 _BAR_WIDTH = 40

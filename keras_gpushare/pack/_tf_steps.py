@@ -35,7 +35,7 @@ class TensorFlowSteps:
             # Keras reduces the first distributed batch over the replicas only to learn its
             # shapes, which fails for an (x, y) batch under MultiWorkerMirroredStrategy; one
             # replica's share has the shapes.
-            for _, _, batches in iterator:
+            for batches in _upstream.epoch_iterator_data(iterator):
                 data_batch = tree.map_structure(self._first_replica_value, next(batches))
                 break
         elif not self._distributed():

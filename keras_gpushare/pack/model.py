@@ -13,17 +13,17 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _compile_args, _fit_args, _replicas, chief, planner
+from keras_gpushare.pack import _chief, _compile_args, _fit_args, _replicas, planner
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack._logs import pack_logs
+from keras_gpushare.pack._member_callbacks import per_member_callbacks
+from keras_gpushare.pack._optimizers import MemberOptimizers
 from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack._summary import member_params, pack_summary
+from keras_gpushare.pack._watcher import StatusWatcher
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
-from keras_gpushare.pack.member_callbacks import per_member_callbacks
-from keras_gpushare.pack.optimizers import MemberOptimizers
-from keras_gpushare.pack.watcher import StatusWatcher
 
 if keras.backend.backend() == "tensorflow":
     # The pack's steps on TensorFlow, as Keras mixes in its `TensorFlowTrainer`.
@@ -602,7 +602,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         """Builds the pack, and the state of `members` (positions; default all) and of
         the fused groups, from one batch of data."""
         if data_batch is None and iterator is not None:
-            for _, _, data_or_iterator in iterator:
+            for data_or_iterator in _upstream.epoch_iterator_data(iterator):
                 if isinstance(data_or_iterator, (list, tuple)):
                     data_batch = data_or_iterator[0]
                 else:
@@ -780,7 +780,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             _fit_args.check_shardable(x, len(self._members))
         self._sync_member_mask()
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks = per_member_callbacks(chief.chief_callbacks(self, callbacks))
+        callbacks = per_member_callbacks(_chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
         given = _fit_args.call_arguments("fit", x, y, args, kwargs)
         counts = [given["steps_per_epoch"]]
@@ -843,7 +843,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         Under `MultiWorkerMirroredStrategy` call it on every worker (as for any Keras model
         there): the chief writes `filepath`, the other workers write nothing that stays.
         """
-        with chief.chief_path(self, filepath) as path:
+        with _chief.chief_path(self, filepath) as path:
             super().save(path, *args, **kwargs)
 
     def save_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
@@ -852,7 +852,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         As `save`: on every worker, and only the chief's file stays.
         """
         sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None) is not None
-        with chief.chief_path(self, filepath, whole=not sharded) as path:
+        with _chief.chief_path(self, filepath, whole=not sharded) as path:
             super().save_weights(path, *args, **kwargs)
 
     def get_config(self) -> dict:

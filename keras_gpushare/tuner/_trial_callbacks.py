@@ -8,7 +8,7 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.member_callbacks import member_logs
+from keras_gpushare.pack._member_callbacks import member_logs
 from keras_gpushare.tuner import _state
 from keras_gpushare.tuner._executor import TrialCalls
 

@@ -8,6 +8,7 @@ from keras_gpushare.pack.fusion import (
     layers_recurrent,
     layers_wrappers,
 )
+from keras_gpushare.pack.fusion._optimizer_rules import OptimizerRule, register_optimizer_rule
 from keras_gpushare.pack.fusion.base import FusedLayer
 from keras_gpushare.pack.fusion.layers_core import FusedPerSample
 from keras_gpushare.pack.fusion.model import FusedModel, build_fused_model
@@ -21,6 +22,7 @@ __all__ = [
     "FusedModel",
     "FusedPerSample",
     "FusionReport",
+    "OptimizerRule",
     "build_fused_model",
     "fusion_report",
     "layers_conv",
@@ -29,5 +31,6 @@ __all__ = [
     "layers_recurrent",
     "layers_wrappers",
     "register_fused_layer",
+    "register_optimizer_rule",
     "VectorizedOptimizer",
 ]

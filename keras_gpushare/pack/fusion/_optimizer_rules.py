@@ -413,17 +413,14 @@ def register_optimizer_rule(optimizer_class: type) -> Callable[[type], type]:
     ```python
     import keras
     from keras import ops
-    from keras_gpushare.pack.fusion import VectorizedOptimizer
-    from keras_gpushare.pack.fusion._optimizer_rules import (
-        OptimizerRule,
-        register_optimizer_rule,
-    )
+    import keras_gpushare as kg
+    from keras_gpushare.pack.fusion import OptimizerRule, VectorizedOptimizer
 
     class SignSGD(keras.optimizers.Optimizer):
         def update_step(self, gradient, variable, learning_rate):
             variable.assign_sub(ops.sign(gradient) * ops.cast(learning_rate, variable.dtype))
 
-    @register_optimizer_rule(SignSGD)
+    @kg.register_optimizer_rule(SignSGD)
     class SignSGDRule(OptimizerRule):
         def slots(self, hypers):
             return {}

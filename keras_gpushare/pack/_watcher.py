@@ -8,8 +8,8 @@ import warnings
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._member_callbacks import metric_direction, named_member
 from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN
-from keras_gpushare.pack.member_callbacks import metric_direction, named_member
 
 logger = logging.getLogger("keras_gpushare.pack")
 
