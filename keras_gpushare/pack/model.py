@@ -16,6 +16,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack import _chief, _compile_args, _fit_args, _replicas, planner
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack._jit_policy import JitPolicy
 from keras_gpushare.pack._logs import pack_logs
 from keras_gpushare.pack._member_callbacks import per_member_callbacks
 from keras_gpushare.pack._optimizers import MemberOptimizers
@@ -117,6 +118,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         self._members = _fit_args.Items(members)
         self._data_mode = data
         self._fuse = fuse
+        self._jit_policy: JitPolicy | None = None
         self._on_nan = on_nan
         self._fusion_report = plan
         self._options = EngineOptions(
@@ -379,11 +381,13 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
                 `validation_steps` or `steps`, a call runs a number of batches dividing
                 them, so an epoch takes exactly those steps. Under a `tf.distribute`
                 strategy it must be 1 (`"auto"` picks 1). Defaults to `"auto"`.
-            jit_compile: XLA compilation. `"auto"` turns it on for the fused engine when its
-                layers support XLA (also on CPU, where plain Keras leaves it off) and no
-                `tf.distribute` strategy is in use, and leaves the graph engine to Keras's
-                rule (XLA with a GPU only: on CPU, compiling N members costs more than it
-                saves). Defaults to `"auto"`.
+            jit_compile: XLA compilation. `"auto"` decides by what XLA pays back: on JAX
+                and on TensorFlow with a GPU the fused engine compiles with XLA; on a
+                TensorFlow CPU `fit` starts without XLA and compiles the training step with
+                it once the steps left in the `fit` repay the compile time (docs/fusion.md,
+                "Compile defaults"); torch, convolutions and pooling on a TensorFlow CPU,
+                eager steps and `tf.distribute` strategies run without it. The graph engine
+                follows Keras's rule (XLA with a GPU only). Defaults to `"auto"`.
             auto_scale_loss: as in `keras.Model.compile` (mixed precision): each member
                 scales its own loss dynamically. Defaults to `True`.
         """
@@ -432,8 +436,11 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         else:
             resolved_steps = steps_per_execution
         resolved_jit = jit_compile
+        self._jit_policy = None
         if jit_compile == "auto" and not self._stepping_engines:
-            resolved_jit = not run_eagerly and not distributed and self._members_support_jit()
+            supported = not run_eagerly and not distributed and self._members_support_jit()
+            self._jit_policy = JitPolicy.for_pack(supported)
+            resolved_jit = self._jit_policy.initial
         super().compile(
             optimizer=pack_optimizer,
             loss=None,
@@ -782,6 +789,8 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks = per_member_callbacks(_chief.chief_callbacks(self, callbacks))
         callbacks.append(StatusWatcher(list(callbacks)))
+        if self._jit_policy is not None:
+            callbacks.extend(self._jit_policy.callbacks())
         given = _fit_args.call_arguments("fit", x, y, args, kwargs)
         counts = [given["steps_per_epoch"]]
         if given["validation_data"] is not None or given["validation_split"]:

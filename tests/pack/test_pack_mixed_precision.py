@@ -60,7 +60,9 @@ def test_each_member_keeps_its_own_dynamic_loss_scale(mixed_float16, fuse):
         assert float(copy.optimizer.dynamic_scale) == float(twin.optimizer.dynamic_scale)
         assert int(copy.optimizer.iterations) == int(twin.optimizer.iterations)
         for a, b in zip(copy.get_weights(), twin.get_weights()):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+            # float16 compute: the fused step and Keras's layers may round a product
+            # differently once (1.9e-6 without XLA on a TensorFlow CPU).
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-6)
         np.testing.assert_allclose(history.history[f"m{i}_loss"], alone.history["loss"], rtol=1e-4)
     # Member 0 overflowed far more often: the members' scales went their own ways.
     scales = [float(pack.member(i).optimizer.dynamic_scale) for i in range(2)]
