@@ -164,3 +164,34 @@ def test_the_package_own_private_names_are_not_flagged():
         "    return box._size, box._grow(), getattr(box, '_lock')\n"
     )
     assert offenders({"keras_gpushare/box.py": code}) == []
+
+
+def unused_accessors(sources):
+    """The public functions of `_upstream.py` that no other module of `sources` reads as
+    `_upstream.<name>` (an accessor only its test calls is dead code)."""
+    trees = {path: ast.parse(code, path) for path, code in sources.items()}
+    accessors = {
+        node.name
+        for node in trees[UPSTREAM].body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    }
+    used = {
+        node.attr
+        for path, tree in trees.items()
+        if path != UPSTREAM
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "_upstream"
+    }
+    return sorted(accessors - used)
+
+
+def test_every_accessor_is_used_by_the_package():
+    assert unused_accessors(package_sources()) == []
+
+
+def test_an_accessor_no_module_reads_is_reported():
+    sources = package_sources()
+    sources[UPSTREAM] += "\n\ndef planted_accessor(model):\n    return model._tracker\n"
+    assert unused_accessors(sources) == ["planted_accessor"]

@@ -193,7 +193,7 @@ def standalone_copy(member: keras.Model) -> keras.Model:
     return copy
 
 
-def build_member(member: keras.Model, data_batch: Any) -> None:
+def build_member(member: keras.Model, data_batch: Any, build_optimizer: bool = True) -> None:
     """Builds `member`'s compiled loss, metrics and optimizer for batches like `data_batch`.
 
     Keras's `_symbolic_build` traces the model, its metrics and its loss on symbolic inputs
@@ -201,7 +201,10 @@ def build_member(member: keras.Model, data_batch: Any) -> None:
     with a layer graph knows its outputs' shapes, and compiled losses and mean metrics
     need only those, so they are built from them. Metrics that make their state from the
     first values they see (an F1 score, for instance), and models without a layer graph,
-    take Keras's way. The optimizer is then built as Keras builds it.
+    take Keras's way. The optimizer is then built as Keras builds it, unless
+    `build_optimizer` is `False` and nothing else needs Keras's build: a fused member's
+    optimizer holds no state while the pack trains, and is built when the member's state
+    is written back (`pack.members`, `pack.member(i)`).
     """
     outputs = _output_specs(member)
     if outputs is not None:
@@ -215,6 +218,8 @@ def build_member(member: keras.Model, data_batch: Any) -> None:
         loss = _upstream.compile_loss(member)
         if loss is not None and not loss.built:
             loss.build(y, outputs)
+        if not build_optimizer and all(c is None or c.built for c in (metrics, loss)):
+            return
     _upstream.symbolic_build(member, data_batch)
 
 

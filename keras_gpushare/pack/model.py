@@ -567,14 +567,17 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         )
 
     def _build_member_state(self) -> None:
-        """Creates every member's optimizer variables and the pack optimizer's.
+        """Creates the optimizer variables of the members that step themselves (of every
+        member under a `tf.distribute` strategy), and the pack optimizer's.
 
         A member's optimizer that already holds state (the member trained before it joined
         the pack) hands that state to the pack's optimizer, so training continues from it.
         """
-        for member in self._members:
-            if not member.optimizer.built:
-                member.optimizer.build(member.trainable_variables)
+        eager = self._distributed()
+        for engine in self._engines:
+            for member in engine.members:
+                if (eager or engine in self._stepping_engines) and not member.optimizer.built:
+                    member.optimizer.build(member.trainable_variables)
         if not self.optimizer.built:
             self.optimizer.build(self._gradient_variables())
             for engine in self._gradient_engines:
@@ -620,9 +623,13 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             batches = data_lib.member_batches(
                 data_batch, self._members, range(n), self._options.output_counts, shard=False
             )
+            # A fused member's optimizer is built when its state is read, except under a
+            # strategy, whose variables must be made in its scope, as here.
+            eager = self._distributed()
+            stepping = {i for engine in self._stepping_engines for i in engine.member_ids}
             for i, (member, batch) in enumerate(zip(self._members, batches)):
                 if members is None or i in members:
-                    members_lib.build_member(member, batch)
+                    members_lib.build_member(member, batch, build_optimizer=eager or i in stepping)
             if self.compiled:
                 y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
                 for engine in self._gradient_engines:

@@ -119,3 +119,31 @@ def test_mean_metrics_only_tells_metrics_that_make_state_from_values():
     )
     assert not members_lib._mean_metrics_only(metrics_of(["accuracy", "auc"]))
     assert not members_lib._mean_metrics_only(metrics_of([keras.metrics.F1Score()]))
+
+
+def test_a_fused_members_optimizer_is_built_when_its_state_is_read():
+    """The pack trains fused members with its own stacked optimizer: their optimizers are
+    built only when a member's state is read, and then hold what a plain fit holds."""
+    import keras_gpushare as kg
+
+    x, y = data()
+    members = [classifier(seed) for seed in (1, 2)]
+    twins = [classifier(seed) for seed in (1, 2)]
+    pack = kg.ModelPack(members, fuse=True)
+    pack.compile(
+        optimizer=[keras.optimizers.Adam(0.01), keras.optimizers.SGD(0.1, momentum=0.9)],
+        loss="sparse_categorical_crossentropy",
+    )
+    pack.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert [m.optimizer.built for m in members] == [False, False]
+    views = pack.members
+    for view, twin, optimizer in zip(
+        views, twins, [keras.optimizers.Adam(0.01), keras.optimizers.SGD(0.1, momentum=0.9)]
+    ):
+        twin.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        twin.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        assert int(view.optimizer.iterations) == int(twin.optimizer.iterations) == 8
+        for a, b in zip(view.optimizer.variables, twin.optimizer.variables):
+            np.testing.assert_allclose(
+                keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-5, atol=1e-6
+            )

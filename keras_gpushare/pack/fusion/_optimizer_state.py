@@ -31,9 +31,12 @@ def _member_variables(optimizer: Any, parts_of: dict, j: int) -> list:
 def _slot_pairs(
     optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids: Sequence[int]
 ) -> Iterator[tuple]:
-    """`(row, index, stacked slot, member slot)` for every slot both sides have."""
+    """`(row, index, stacked slot, member slot)` for every slot both sides have (a member
+    optimizer not built has none)."""
     parts_of = {id(fused): parts for fused, parts in variable_map}
     for j, member_optimizer in enumerate(optimizers):
+        if not member_optimizer.built:
+            continue
         inner = inner_optimizer(member_optimizer)
         row, slots = optimizer.member_slots(member_ids, j)
         rule = optimizer.member_settings(member_ids[j]).rule
@@ -54,8 +57,11 @@ def _slot_pairs(
                 yield j, index, accumulator, accumulated[position]
 
 
-def _checked(optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids: Any) -> tuple:
-    """The member optimizers, built on their variables, and the group's member ids."""
+def _checked(
+    optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids: Any, build: bool = True
+) -> tuple:
+    """The member optimizers, built on their variables when `build`, and the group's member
+    ids."""
     optimizers = list(optimizers)
     member_ids = tuple(range(optimizer.n_members) if member_ids is None else member_ids)
     if len(optimizers) != len(member_ids):
@@ -70,7 +76,7 @@ def _checked(optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids
         )
     parts_of = {id(fused): parts for fused, parts in variable_map}
     for j, member_optimizer in enumerate(optimizers):
-        if not member_optimizer.built:
+        if build and not member_optimizer.built:
             member_optimizer.build([v for v, _ in _member_variables(optimizer, parts_of, j)])
     return optimizers, member_ids
 
@@ -101,8 +107,13 @@ def write_state_to(optimizer: Any, optimizers: Sequence, variable_map: Any, memb
 
 
 def read_state_from(optimizer: Any, optimizers: Sequence, variable_map: Any, member_ids: Any):
-    """See `VectorizedOptimizer.read_state_from`."""
-    optimizers, member_ids = _checked(optimizer, optimizers, variable_map, member_ids)
+    """See `VectorizedOptimizer.read_state_from`.
+
+    A member optimizer that is not built holds no state beyond its step count and rate
+    (its slots would be the initial ones the stacked slots already hold), so it is read
+    without being built: building N members' optimizers is most of a large pack's setup.
+    """
+    optimizers, member_ids = _checked(optimizer, optimizers, variable_map, member_ids, False)
     steps = ops.convert_to_numpy(optimizer.member_iterations).copy()
     rates = ops.convert_to_numpy(optimizer.member_learning_rate).copy()
     for member_optimizer, i in zip(optimizers, member_ids):
@@ -111,6 +122,8 @@ def read_state_from(optimizer: Any, optimizers: Sequence, variable_map: Any, mem
         steps[i] = int(ops.convert_to_numpy(inner.iterations))
         if settings.schedule is None:
             rates[i] = float(ops.convert_to_numpy(inner.learning_rate))
+        if not member_optimizer.built:
+            continue
         for name, read in settings.rule.member_state.items():
             state = optimizer.member_states[name]
             value = ops.convert_to_numpy(state).copy()
