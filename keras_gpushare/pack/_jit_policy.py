@@ -30,6 +30,7 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
 
 logger = logging.getLogger("keras_gpushare.pack")
 
@@ -158,7 +159,8 @@ class JitPolicy:
     def for_pack(cls, supported: bool, costs: PaybackCosts | None = None) -> JitPolicy:
         """The policy for this process's backend and devices (see `choose_mode`)."""
         backend = keras.backend.backend()
-        return cls(choose_mode(supported, backend, backend == "tensorflow" and _tf_gpu()), costs)
+        gpu = backend == "tensorflow" and has_tensorflow_gpu()
+        return cls(choose_mode(supported, backend, gpu), costs)
 
     @property
     def initial(self) -> bool:
@@ -326,9 +328,3 @@ class PaybackSwitch(keras.callbacks.Callback):
         self.policy.xla_function = xla
         timed.function = xla
         self._state = XLA
-
-
-def _tf_gpu() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))

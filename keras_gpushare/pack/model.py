@@ -573,15 +573,22 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         A member's optimizer that already holds state (the member trained before it joined
         the pack) hands that state to the pack's optimizer, so training continues from it.
         """
-        eager = self._distributed()
-        for engine in self._engines:
-            for member in engine.members:
-                if (eager or engine in self._stepping_engines) and not member.optimizer.built:
-                    member.optimizer.build(member.trainable_variables)
+        for i in self._members_building_optimizers():
+            member = self._members[i]
+            if not member.optimizer.built:
+                member.optimizer.build(member.trainable_variables)
         if not self.optimizer.built:
             self.optimizer.build(self._gradient_variables())
             for engine in self._gradient_engines:
                 engine.read_optimizer_state(self.optimizer)
+
+    def _members_building_optimizers(self) -> set[int]:
+        """The members whose own optimizers are built with the pack: those that step
+        themselves, and every member under a strategy (whose variables must be made in its
+        scope). A fused member's optimizer is otherwise built when its state is read."""
+        if self._distributed():
+            return set(range(len(self._members)))
+        return {i for engine in self._stepping_engines for i in engine.member_ids}
 
     def _gradient_variables(self) -> list:
         """The trainable variables the pack's optimizer updates, in Keras's order.
@@ -623,13 +630,10 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             batches = data_lib.member_batches(
                 data_batch, self._members, range(n), self._options.output_counts, shard=False
             )
-            # A fused member's optimizer is built when its state is read, except under a
-            # strategy, whose variables must be made in its scope, as here.
-            eager = self._distributed()
-            stepping = {i for engine in self._stepping_engines for i in engine.member_ids}
+            eager = self._members_building_optimizers()
             for i, (member, batch) in enumerate(zip(self._members, batches)):
                 if members is None or i in members:
-                    members_lib.build_member(member, batch, build_optimizer=eager or i in stepping)
+                    members_lib.build_member(member, batch, build_optimizer=i in eager)
             if self.compiled:
                 y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
                 for engine in self._gradient_engines:

@@ -22,6 +22,7 @@ from keras_gpushare.pack._jit_policy import (
     choose_mode,
     pays_back,
 )
+from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
 
 TENSORFLOW = keras.backend.backend() == "tensorflow"
 
@@ -223,7 +224,7 @@ def test_default_pack_members_equal_plain_fits(binary_data):
     twins = [copy_model(m) for m in members]
     pack = kg.ModelPack(members)
     pack.compile(optimizer="adam", loss="binary_crossentropy")
-    on_cpu = not _jit_policy._tf_gpu()
+    on_cpu = not has_tensorflow_gpu()
     assert pack._jit_policy.mode == (PAYBACK if on_cpu else XLA)
     assert pack.jit_compile is not on_cpu
     pack.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)

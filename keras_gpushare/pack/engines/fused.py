@@ -24,6 +24,7 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, MemberFigures
 from keras_gpushare.pack.fusion import build_fused_model
+from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
 
 
@@ -76,12 +77,6 @@ def _stacked(y_pred: Any) -> Any:
 
 def _batch_size(x: Any) -> Any:
     return ops.shape(tree.flatten(x)[0])[0]
-
-
-def _has_gpu() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
 
 
 def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> Any:
@@ -206,7 +201,7 @@ class FusedEngine(GradientEngine):
         backend = keras.backend.backend()
         if backend == "torch" or not _upstream.model_supports_jit(self.fused):
             return False
-        if backend == "tensorflow" and not _has_gpu():
+        if backend == "tensorflow" and not has_tensorflow_gpu():
             return self.fused.xla_pays_on_cpu
         return True
 

@@ -91,6 +91,13 @@ def has_accelerator():
     return any(not str(device).lower().startswith("cpu") for device in devices)
 
 
+def has_tensorflow_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (call on the TensorFlow backend only)."""
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
 # Keras activations computed feature by feature: on padded features they leave each
 # member's own features as they are (the padding is masked downstream).
 _ELEMENTWISE_ACTIVATIONS = frozenset(
