@@ -768,11 +768,8 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         return self._logs()
 
     def _logs(self) -> dict:
-        figures: list = [None] * len(self._members)
-        for engine in self._engines:
-            for i, member_figures in zip(engine.member_ids, engine.figures()):
-                figures[i] = member_figures
-        return pack_logs(figures)
+        groups = [(engine.member_ids, engine.figures()) for engine in self._engines]
+        return pack_logs(groups, len(self._members))
 
     # Fit / predict -----------------------------------------------------------------------
 

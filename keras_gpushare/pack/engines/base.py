@@ -12,7 +12,9 @@ tells them apart by type:
 - `SteppingEngine`: it updates its members itself inside the pack's step (TensorFlow only):
   `train` runs forward, backward and each member's own optimizer.
 
-Each engine reports, per member, the figures the pack turns into its logs (`MemberFigures`).
+Each engine reports its members' figures, which the pack turns into its logs, as one
+`GroupFigures`: stacked where the engine keeps them stacked, so the traced step does not
+grow by a few operations for every member.
 """
 
 from __future__ import annotations
@@ -41,18 +43,22 @@ class EngineOptions:
 
 
 @dataclasses.dataclass
-class MemberFigures:
-    """One member's figures since the metrics were last reset.
+class GroupFigures:
+    """An engine's members' figures since the metrics were last reset.
 
     Attributes:
-        loss: the member's mean loss (a scalar tensor).
-        ran: whether the member ran a step since the reset (a boolean tensor).
-        metrics: the member's other figures by its own key (`mae`, `price_loss`, ...).
+        losses: the members' mean losses, a `(k,)` tensor in `member_ids` order.
+        ran: whether each member ran a step since the reset, a `(k,)` boolean tensor.
+        shared: figures every member has under one key, each a `(k,)` tensor (the
+            fused engine's stacked metrics), by key.
+        own: each member's other figures by its own key (`mae`, `price_loss`, ...), a
+            dict of scalar tensors per member; logged after the shared ones.
     """
 
-    loss: Any
+    losses: Any
     ran: Any
-    metrics: dict
+    shared: dict
+    own: list
 
 
 class Engine:
@@ -106,8 +112,8 @@ class Engine:
         """Each member's own outputs from `call`'s raw outputs."""
         raise NotImplementedError
 
-    def figures(self) -> list[MemberFigures]:
-        """Each member's figures, in `member_ids` order."""
+    def figures(self) -> GroupFigures:
+        """The members' figures, in `member_ids` order."""
         raise NotImplementedError
 
     def sync_members(self, optimizer: Any = None) -> None:

@@ -22,7 +22,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack import _replicas
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._status import ACTIVE
-from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, MemberFigures
+from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
 from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
@@ -399,27 +399,22 @@ class FusedEngine(GradientEngine):
         for column in self._shared_metric_columns(y) or []:
             self._metric_state(column[0].name)
 
-    def figures(self) -> list[MemberFigures]:
-        n = len(self.members)
-        losses = ops.unstack(self.loss_state.result(), num=n)
-        ran = ops.unstack(ops.greater(ops.convert_to_tensor(self.loss_state.count), 0), num=n)
-        shared = {
-            name: ops.unstack(state.result(), num=n) for name, state in self.metric_states.items()
-        }
-        result = []
-        for j, member in enumerate(self.members):
-            if shared:
-                items = {name: values[j] for name, values in shared.items()}
-            elif _upstream.compile_metrics(member) is not None:
-                items = dict(_upstream.compile_metrics(member).result())
-            else:
-                items = {}
+    def figures(self) -> GroupFigures:
+        """The stacked loss and shared metrics as they are; other metrics member by member."""
+        ran = ops.greater(ops.convert_to_tensor(self.loss_state.count), 0)
+        shared = {name: state.result() for name, state in self.metric_states.items()}
+        own = []
+        for member in self.members:
+            items = {}
+            compiled_metrics = _upstream.compile_metrics(member)
+            if not shared and compiled_metrics is not None:
+                items = dict(compiled_metrics.result())
             compiled_loss = _upstream.compile_loss(member)
             if compiled_loss is not None:
                 for tracker in compiled_loss.metrics:
                     items[tracker.name] = tracker.result()
-            result.append(MemberFigures(losses[j], ran[j], items))
-        return result
+            own.append(items)
+        return GroupFigures(self.loss_state.result(), ran, shared, own)
 
     # Members -----------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack import _replicas
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN
-from keras_gpushare.pack.engines.base import MemberFigures, SteppingEngine
+from keras_gpushare.pack.engines.base import GroupFigures, SteppingEngine
 
 
 def _batch_size(x: Any) -> tf.Tensor:
@@ -184,11 +184,12 @@ class GraphEngine(SteppingEngine):
             )
             _update_metrics(member, (x, y, sample_weight), y_pred, loss)
 
-    def figures(self) -> list[MemberFigures]:
-        result = []
+    def figures(self) -> GroupFigures:
+        losses, ran, own = [], [], []
         for member in self.members:
-            ran = tf.greater(_upstream.loss_tracker(member).count, 0)
+            ran.append(tf.greater(_upstream.loss_tracker(member).count, 0))
             items = dict(member.get_metrics_result())
             loss = items.pop("loss", _upstream.loss_tracker(member).result())
-            result.append(MemberFigures(loss, ran, items))
-        return result
+            losses.append(tf.cast(loss, "float32"))
+            own.append(items)
+        return GroupFigures(tf.stack(losses), tf.stack(ran), {}, own)
