@@ -205,6 +205,13 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         return str(self._fusion_report)
 
     @property
+    def engine_plan(self) -> planner.EnginePlan:
+        """The planner's `EnginePlan`: the fused groups' members (`groups`), the graph
+        engine's (`graph`), why each of those is not fused (`reasons`) and each group's
+        padding share (`waste`); `fusion_report` is its text."""
+        return self._fusion_report
+
+    @property
     def status(self) -> list[str]:
         """Each member's state: `"active"`, `"frozen:nan"`, `"stopped:early"`, `"failed"`."""
         codes = keras.ops.convert_to_numpy(self._status.value)

@@ -34,10 +34,16 @@ import keras
 
 @dataclass
 class TrialOutcome:
-    """What `Tuner.run_trial` would have returned for a trial, or the error it raised."""
+    """What `Tuner.run_trial` would have returned for a trial, or the error it raised.
+
+    `path` says how the trial was trained (a record of `ParallelTuner.trial_paths`: plain
+    strings under `"path"`, `"why"` and, where they apply, `"pack"`, `"group"` and
+    `"split"`), or `None` when the executor does not say.
+    """
 
     results: list[keras.callbacks.History] | None = None
     error: BaseException | None = None
+    path: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

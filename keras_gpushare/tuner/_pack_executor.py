@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -45,36 +46,43 @@ class PackExecutor(RoundExecutor):
         Returns:
             `{trial_id: TrialOutcome}`: per trial, one `History` per execution (as
             KerasTuner's `Tuner.run_trial` returns them), or the exception that building or
-            training it raised. Nothing is reported to the oracle here.
+            training it raised, with the path it took (`TrialOutcome.path`). Nothing is
+            reported to the oracle here.
         """
         calls = self.calls
         keras.backend.clear_session()
         gc.collect()
         outcomes: dict[str, TrialOutcome] = {}
         alone: dict[str, tuple] = {}
+        paths: dict[str, dict[str, str]] = {}
         runs: list[TrialRun] = []
         for trial in trials:
             try:
                 trial_runs = _prepare(calls, trial, fit_kwargs)
             except Exception as e:
-                outcomes[trial.trial_id] = TrialOutcome(error=e)
+                outcomes[trial.trial_id] = TrialOutcome(error=e, path=_not_trained(e))
                 continue
             own = _own_training(trial_runs[0].model)
             if own:
-                alone[trial.trial_id] = (trial, f"its model overrides {own}")
+                alone[trial.trial_id] = (
+                    trial,
+                    {"path": "alone", "why": f"its model overrides {own}"},
+                )
             else:
                 runs.extend(trial_runs)
         for group in _groups(runs, fit_kwargs):
-            _fit_group(calls, group, fit_args, fit_kwargs, outcomes, alone)
+            _fit_group(calls, group, fit_args, fit_kwargs, outcomes, alone, paths)
         by_trial: dict[str, list[TrialRun]] = defaultdict(list)
         for run in runs:
             by_trial[run.trial.trial_id].append(run)
         for trial_id, trial_runs in by_trial.items():
             if trial_id not in outcomes and trial_id not in alone:
-                outcomes[trial_id] = TrialOutcome(results=[run.results() for run in trial_runs])
+                outcomes[trial_id] = TrialOutcome(
+                    results=[run.results() for run in trial_runs], path=paths[trial_id]
+                )
         # KerasTuner's run_trial clears the Keras session: only once every pack has trained.
-        for trial_id, (trial, reason) in alone.items():
-            outcomes[trial_id] = _run_alone(calls, trial, reason, fit_args, fit_kwargs)
+        for trial_id, (trial, path) in alone.items():
+            outcomes[trial_id] = _run_alone(calls, trial, path, fit_args, fit_kwargs)
         return outcomes
 
 
@@ -86,17 +94,96 @@ def _own_training(model: keras.Model) -> str:
 
 
 def _run_alone(
-    calls: TrialCalls, trial: Any, reason: str, fit_args: tuple, fit_kwargs: dict
+    calls: TrialCalls, trial: Any, path: dict[str, str], fit_args: tuple, fit_kwargs: dict
 ) -> TrialOutcome:
     logger.warning(
         "Trial %s runs alone with KerasTuner's run_trial, as KerasTuner runs it: %s.",
         trial.trial_id,
-        reason,
+        path["why"],
     )
     try:
-        return TrialOutcome(results=calls.run_alone(trial, *fit_args, **dict(fit_kwargs)))
+        results = calls.run_alone(trial, *fit_args, **dict(fit_kwargs))
     except Exception as e:
-        return TrialOutcome(error=e)
+        return TrialOutcome(error=e, path=path)
+    return TrialOutcome(results=results, path=path)
+
+
+def _not_trained(error: BaseException) -> dict[str, str]:
+    """The path of a trial whose model could not be built."""
+    return {"path": "not trained", "why": f"building its model raised {_error_line(error)}"}
+
+
+def _error_line(error: BaseException) -> str:
+    """`error`'s type and the first line of its message, at most 160 characters."""
+    lines = str(error).strip().splitlines()
+    text = type(error).__name__ + (f": {lines[0]}" if lines else "")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _pack_label(runs: list[TrialRun], fit_kwargs: dict) -> str:
+    """The pack's trials, e.g. `"trials 3, 4, 7 (batch size 64)"`."""
+    trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
+    label = f"trial{'s' if len(trial_ids) > 1 else ''} {', '.join(trial_ids)}"
+    details = []
+    if len(runs) > len(trial_ids):
+        details.append(f"{len(runs)} models")
+    batch_size = _batch_size(runs[0], fit_kwargs)
+    if batch_size is not None:
+        details.append(f"batch size {batch_size}")
+    start = runs[0].trial.hyperparameters.values.get("tuner/initial_epoch", 0)
+    if start:
+        details.append(f"from epoch {start}")
+    return f"{label} ({', '.join(details)})" if details else label
+
+
+def _in_trials(text: str, runs: list[TrialRun]) -> str:
+    """`text` (the planner's, or a pack's error) with the pack's member numbers as the
+    trials they belong to."""
+
+    def name(i: int) -> str:
+        run = runs[i]
+        if any(r.execution for r in runs):
+            return f"trial {run.trial.trial_id} (execution {run.execution})"
+        return f"trial {run.trial.trial_id}"
+
+    def names(match: re.Match) -> str:
+        return ", ".join(name(int(i)) for i in match.group(1).split(", "))
+
+    return re.sub(r"\bmembers? (\d+(?:, \d+)*)", names, text)
+
+
+def _pack_path(
+    pack: ModelPack, runs: list[TrialRun], trial_id: str, fit_kwargs: dict
+) -> dict[str, str]:
+    """Where the pack's planner put trial `trial_id`'s models, and why.
+
+    A trial whose models are all in fused groups took the path `"fused"`, one whose models
+    are all on the graph engine `"graph"` (with the planner's reason), and `"mixed"` else.
+    """
+    plan = pack.engine_plan
+    mine = {i for i, run in enumerate(runs) if run.trial.trial_id == trial_id}
+    path = {"path": "graph", "pack": _pack_label(runs, fit_kwargs)}
+    groups, whys = [], []
+    for k, (group, waste) in enumerate(zip(plan.groups, plan.waste)):
+        if not mine & set(group):
+            continue
+        others = sorted({runs[i].trial.trial_id for i in group if i not in mine})
+        if others:
+            groups.append(
+                f"fused group {k} with trial{'s' if len(others) > 1 else ''} {', '.join(others)}"
+            )
+            padding = f"{waste:.0%} of the group's FLOPs are padding" if waste else "no padding"
+            whys.append(f"the planner stacks its model with theirs into one model ({padding})")
+        else:
+            groups.append(f"fused group {k} with no other trial")
+            whys.append("the planner put it in a fused group of its own")
+    graph = [i for i in plan.graph if i in mine]
+    whys.extend(_in_trials(plan.reasons[i], runs).rstrip(".") for i in graph)
+    if groups:
+        path["path"] = "mixed" if graph else "fused"
+        path["group"] = "; ".join(groups)
+    path["why"] = "; ".join(dict.fromkeys(whys))
+    return path
 
 
 def _prepare(calls: TrialCalls, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
@@ -177,7 +264,15 @@ def _fit_group(
     fit_kwargs: dict,
     outcomes: dict,
     alone: dict,
+    paths: dict,
+    split: str | None = None,
 ) -> None:
+    """Trains `runs` as one pack, or, when it raises, each of its trials in a pack alone.
+
+    Fills `paths` with each trained trial's path (noting `split`, the failed pack that
+    made it train alone), `outcomes` with the trials that could not be rebuilt, and
+    `alone` with those to run with KerasTuner's `run_trial`.
+    """
     trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
     try:
         # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
@@ -211,9 +306,11 @@ def _fit_group(
     except Exception as e:
         for run in runs:
             run.checkpoint.clear()
+        raised = _in_trials(_error_line(e), runs)
         if len(trial_ids) == 1:
             # Whatever a pack cannot do, KerasTuner's own code does (or raises its error).
-            alone[trial_ids[0]] = (runs[0].trial, f"its pack raised {type(e).__name__}: {e}")
+            path = {"path": "alone", "why": f"its pack raised {raised}"}
+            alone[trial_ids[0]] = (runs[0].trial, _with_split(path, split))
             return
         logger.warning(
             "A pack of %d trials raised %s: %s; training each trial alone to find which.",
@@ -221,12 +318,27 @@ def _fit_group(
             type(e).__name__,
             e,
         )
+        split = (
+            f"the pack of {_pack_label(runs, fit_kwargs)} raised {raised}; each of "
+            "its trials was then packed alone to find which"
+        )
         for trial in dict.fromkeys(run.trial for run in runs):
             try:
                 again = _prepare(calls, trial, fit_kwargs)
             except Exception as error:
-                outcomes[trial.trial_id] = TrialOutcome(error=error)
+                path = _with_split(_not_trained(error), split)
+                outcomes[trial.trial_id] = TrialOutcome(error=error, path=path)
                 continue
-            _fit_group(calls, again, fit_args, fit_kwargs, outcomes, alone)
+            _fit_group(calls, again, fit_args, fit_kwargs, outcomes, alone, paths, split)
             if trial.trial_id not in outcomes and trial.trial_id not in alone:
-                outcomes[trial.trial_id] = TrialOutcome(results=[r.results() for r in again])
+                outcomes[trial.trial_id] = TrialOutcome(
+                    results=[r.results() for r in again], path=paths[trial.trial_id]
+                )
+    else:
+        for trial_id in trial_ids:
+            paths[trial_id] = _with_split(_pack_path(pack, runs, trial_id, fit_kwargs), split)
+
+
+def _with_split(path: dict[str, str], split: str | None) -> dict[str, str]:
+    """`path`, noting the failed pack `split` that made its trial train alone, if any."""
+    return path if split is None else {**path, "split": split}

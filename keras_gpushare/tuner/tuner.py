@@ -69,7 +69,9 @@ class ParallelTuner(keras_tuner.Tuner):
     Everything else is KerasTuner's: the oracles, `search`, `results_summary`,
     `get_best_models`, `get_best_hyperparameters` and the project folder. A search that is
     killed at any moment and started again with `overwrite=False` finishes with exactly
-    `max_trials` trials, none lost and none run twice.
+    `max_trials` trials, none lost and none run twice. `trial_paths()` says how each trial
+    was trained (in which pack and fused group, on the graph engine, or alone, and why),
+    and `results_summary` adds it to each trial's block.
 
     Args:
         hypermodel: a `keras_tuner.HyperModel` or a function `build(hp)` returning a
@@ -190,6 +192,8 @@ class ParallelTuner(keras_tuner.Tuner):
         self.executor = executor
         self.fuse = fuse
         self.memory_limit_mb = memory_limit_mb
+        # Filled by `set_state` when KerasTuner's `__init__` reloads the project.
+        self._trial_paths: dict[str, dict[str, str]] = {}
         super().__init__(
             # No cap on running trials in the oracle itself: each round asks for K trials,
             # and a caller of `tuner.oracle` (KerasTuner's distributed workers, say) gets
@@ -273,6 +277,7 @@ class ParallelTuner(keras_tuner.Tuner):
             _process_executor.run_chief(
                 self.oracle, workers, self.on_search_begin, self.on_search_end, fit_args, fit_kwargs
             )
+            self._record_worker_paths(local=workers is not None)
             return
         self.on_search_begin()
         self._search_trials(fit_args, fit_kwargs, remote=False)
@@ -332,6 +337,13 @@ class ParallelTuner(keras_tuner.Tuner):
 
     def _search_one_at_a_time(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
         """KerasTuner's own loop, waiting instead of spinning while the oracle is IDLE."""
+        if self._executor.workers is not None:
+            why = f"worker process {self.tuner_id} ran it alone with KerasTuner's `run_trial`"
+            path = {"path": "worker", "why": why}
+        else:
+            reason = self._runs_alone()
+            why = f"this tuner runs every trial alone, one at a time, as KerasTuner does: {reason}"
+            path = {"path": "alone", "why": why}
         while True:
             self.pre_create_trial()
             trial = self.oracle.create_trial(self.tuner_id)
@@ -344,6 +356,7 @@ class ParallelTuner(keras_tuner.Tuner):
                 time.sleep(_REMOTE_IDLE_WAIT_S)
                 continue
             self.on_trial_begin(trial)
+            self._record_path(trial.trial_id, path)
             _upstream.run_and_update_trial(self, trial, *fit_args, **fit_kwargs)
             self.on_trial_end(trial)
 
@@ -404,6 +417,8 @@ class ParallelTuner(keras_tuner.Tuner):
             raise error
 
     def _record_outcome(self, trial: trial_module.Trial, outcome: Any) -> None:
+        if outcome.path is not None:
+            self._record_path(trial.trial_id, outcome.path)
         try:
             if outcome.error is not None:
                 raise outcome.error
@@ -470,7 +485,125 @@ class ParallelTuner(keras_tuner.Tuner):
     def _save_build_config(self, trial_id: str, model: keras.Model) -> None:
         _state.write_json(_upstream.build_config_file(self, trial_id), model.get_build_config())
 
+    # Paths -------------------------------------------------------------------------------
+
+    def trial_paths(self) -> dict[str, dict[str, str]]:
+        """How each trial was trained, and why: `{trial_id: path}`, by trial id.
+
+        Each path is a dict of short sentences, JSON-serialisable and kept in the tuner's
+        state, so a resumed search still reports the trials of earlier runs:
+
+        - `"path"`: `"fused"` (in a `ModelPack`, in a fused group with other trials),
+          `"graph"` (in a `ModelPack`, on the graph engine), `"mixed"` (some executions
+          fused, some on the graph engine), `"alone"` (with KerasTuner's own `run_trial`),
+          `"worker"` (in a worker process, `executor="processes"`) or `"not trained"`
+          (building its model raised).
+        - `"why"`: the reason: the pack's planner's for `"fused"` and `"graph"` (padding,
+          or why the model did not fuse), what made the trial run alone (its model
+          overrides `train_step`, its pack raised, the tuner overrides `run_trial`, ...).
+        - `"pack"`: the trials of its pack and their batch size (`"fused"`, `"graph"`,
+          `"mixed"`).
+        - `"group"`: its fused group and the other trials in it (`"fused"`, `"mixed"`).
+        - `"split"`: only when the round's pack raised and each of its trials was then
+          packed alone to find the culprit: that pack and its error.
+
+        A trial run again (a retried INVALID trial, or one interrupted and resumed) shows
+        its last run. Trials that ran in another process report no path there: a chief
+        records `"worker"` for them when its search ends.
+
+        Returns:
+            A dict of trial ids to paths; trials without a recorded path are left out.
+
+        Example:
+
+        ```python
+        import numpy as np
+        import keras
+        import keras_gpushare as kg
+
+        def build(hp):
+            model = keras.Sequential([
+                keras.Input((4,)),
+                keras.layers.Dense(hp.Choice("units", [4, 8]), activation="relu"),
+                keras.layers.Dense(1),
+            ])
+            model.compile(keras.optimizers.SGD(0.01), "mse")
+            return model
+
+        x = np.random.rand(64, 4).astype("float32")
+        y = x.sum(axis=1, keepdims=True)
+        tuner = kg.tuner.ParallelTuner(
+            build, objective="loss", max_trials=2, parallel_trials=2, seed=0,
+            directory="tuning", project_name="paths", overwrite=True,
+        )
+        tuner.search(x, y, epochs=1, verbose=0)
+        for trial_id, path in tuner.trial_paths().items():
+            print(trial_id, path["path"], path["group"])
+        # 0 fused fused group 0 with trial 1
+        # 1 fused fused group 0 with trial 0
+        ```
+        """
+        return {
+            trial_id: dict(self._trial_paths[trial_id]) for trial_id in sorted(self._trial_paths)
+        }
+
+    def results_summary(self, num_trials: int = 10) -> None:
+        """Prints KerasTuner's summary of the best trials, each with the path it took.
+
+        Each trial's block is KerasTuner's (`Trial.summary()`: hyperparameters, score, the
+        message of a failed trial), followed by a `Path:` line from `trial_paths()`:
+
+        ```
+        Path: alone: its model overrides `train_step`
+        Path: graph (pack of trials 0, 1, 2): layer `twice` (Twice): layer type ...
+        Path: fused (pack of trials 0, 1, 2; fused group 0 with trial 1): the planner ...
+        ```
+
+        Args:
+            num_trials: how many of the best trials to show. Defaults to `10`.
+        """
+        # KerasTuner's `BaseTuner.results_summary`, with a line after each trial's block,
+        # printed as KerasTuner prints it (and `Trial.summary()` the trial's block).
+        print("Results summary")  # noqa: T201
+        print(f"Results in {self.project_dir}")  # noqa: T201
+        print(f"Showing {num_trials} best trials")  # noqa: T201
+        print(f"{self.oracle.objective}")  # noqa: T201
+        for trial in self.oracle.get_best_trials(num_trials):
+            print()  # noqa: T201
+            trial.summary()
+            if trial.trial_id in self._trial_paths:
+                print(f"Path: {_path_line(self._trial_paths[trial.trial_id])}")  # noqa: T201
+
+    def _record_path(self, trial_id: str, path: dict[str, str]) -> None:
+        """Keeps `path` as trial `trial_id`'s (saved with the tuner's state) and logs it."""
+        self._trial_paths[trial_id] = dict(path)
+        logger.info("Trial %s: %s", trial_id, _path_line(path))
+
+    def _record_worker_paths(self, local: bool) -> None:
+        """Records `"worker"` for the ended trials the chief's workers ran, and saves."""
+        if local:
+            why = (
+                'a worker process (executor="processes") ran it alone with KerasTuner\'s '
+                "`run_trial`"
+            )
+        else:
+            why = "a worker of this chief ran it; that worker's `trial_paths()` says how"
+        ended = (TrialStatus.COMPLETED, TrialStatus.INVALID, TrialStatus.FAILED)
+        for trial_id, trial in self.oracle.trials.items():
+            if trial.status in ended and trial_id not in self._trial_paths:
+                self._record_path(trial_id, {"path": "worker", "why": why})
+        self.save()
+
     # State -------------------------------------------------------------------------------
+
+    def get_state(self) -> dict:
+        """KerasTuner's tuner state, with each trial's path (`trial_paths`)."""
+        return {**super().get_state(), "trial_paths": dict(self._trial_paths)}
+
+    def set_state(self, state: dict) -> None:
+        """Restores a state from `get_state` (one without paths, from an older version, too)."""
+        super().set_state(state)
+        self._trial_paths = dict(state.get("trial_paths", {}))
 
     def save(self) -> None:
         """Saves the oracle's and this tuner's state files atomically."""
@@ -489,6 +622,14 @@ def _overrides(cls: type, name: str) -> type | None:
         if name in vars(klass):
             return klass
     return None
+
+
+def _path_line(path: dict[str, str]) -> str:
+    """A trial's path (see `ParallelTuner.trial_paths`) as one line of text."""
+    where = [f"pack of {path['pack']}"] if "pack" in path else []
+    where += [path["group"]] if "group" in path else []
+    line = path["path"] + (f" ({'; '.join(where)})" if where else "") + f": {path['why']}"
+    return line + (f"; earlier, {path['split']}" if "split" in path else "")
 
 
 def _warn_idle() -> None:
