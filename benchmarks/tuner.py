@@ -1,9 +1,9 @@
 """Benchmark: a KerasTuner search, plain KerasTuner vs ParallelTuner, in one run.
 
-Every method runs the same RandomSearch (same seed, so the same hyperparameter sets) for the
-same epochs on the same data: plain KerasTuner one trial after the other; ParallelTuner with
-executor="pack" at K=4, 8, 16 trials per pack; ParallelTuner with executor="processes" and 2
-workers. Two search spaces:
+Every method runs the same search (RandomSearch, or Hyperband with `--oracle hyperband`;
+same seed, so the same hyperparameter sets) for the same epochs on the same data: plain
+KerasTuner one trial after the other; ParallelTuner with executor="pack" at K=4, 8, 16 trials
+per pack; ParallelTuner with executor="processes" and 2 workers. Two search spaces:
 
 - `small` (default): one hidden layer of 32/64/128 units, dropout rate, log learning rate.
 - `getting-started`: KerasTuner's getting-started space on MNIST-shaped synthetic data
@@ -15,7 +15,7 @@ Prints wall time, the ratio of plain KerasTuner's time to each method's (same ru
 best and worst trial scores, and for pack methods the engines the packs trained on.
 
     python benchmarks/tuner.py [--space small|getting-started] [--quick] [--trials 16]
-        [--epochs 5] [--packs 4,8,16]
+        [--epochs 5] [--packs 4,8,16] [--oracle random|hyperband]
 """
 
 from __future__ import annotations
@@ -114,7 +114,17 @@ def run(method: str, k: int, args: argparse.Namespace, data: tuple, root: str) -
     """Runs one search; returns (seconds, scores of the completed trials)."""
     common = dict(directory=root, project_name=f"{method}-{k}", overwrite=True)
     hypermodel = SPACES[args.space]
-    if method == "plain":
+    if args.oracle == "hyperband":
+        # Hyperband's epochs come from its brackets: max_epochs=args.epochs, factor 3.
+        oracle_args = dict(objective="val_loss", max_epochs=args.epochs, factor=3, seed=1)
+        if method == "plain":
+            tuner = keras_tuner.Hyperband(hypermodel, **oracle_args, **common)
+        else:
+            oracle = keras_tuner.oracles.HyperbandOracle(**oracle_args)
+            tuner = kg.tuner.ParallelTuner(
+                hypermodel, oracle=oracle, parallel_trials=k, executor=method, **common
+            )
+    elif method == "plain":
         tuner = keras_tuner.RandomSearch(
             hypermodel, objective="val_loss", max_trials=args.trials, seed=1, **common
         )
@@ -140,6 +150,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--space", choices=sorted(SPACES), default="small")
     parser.add_argument("--quick", action="store_true", help="4 trials, 2 epochs, K=4 only")
+    parser.add_argument(
+        "--oracle",
+        choices=("random", "hyperband"),
+        default="random",
+        help="RandomSearch (--trials trials) or Hyperband (max_epochs=--epochs, factor 3)",
+    )
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--samples", type=int, default=4096)
@@ -155,8 +171,13 @@ def main() -> None:
     if args.workers:
         methods.append(("processes", args.workers))
     root = tempfile.mkdtemp(prefix="kg-tuner-bench-")
+    search = (
+        f"Hyperband, max_epochs {args.epochs}"
+        if args.oracle == "hyperband"
+        else f"{args.trials} trials x {args.epochs} epochs"
+    )
     print(
-        f"space {args.space}: {args.trials} trials x {args.epochs} epochs, {args.samples} "
+        f"space {args.space}: {search}, {args.samples} "
         f"samples, batch {args.batch}, device: {DEVICES[0]}"
     )
     print(

@@ -1,0 +1,632 @@
+"""The GPU table of docs/benchmarks.md in one short run: Keras on JAX, no TensorFlow.
+
+Measured in this run, every figure a median [min-max] over the repeats:
+
+- the seeds' MLP (10-64-32-1, Adam, binary cross-entropy, batch 32, 25,000 random rows of 10
+  features) x N as one `ModelPack`, against N plain `fit`s one after another, for N = 16 and
+  64. The plain fits are the same whatever N, so a few run per repeat
+  (`--sequential-at-most`) and their time is scaled to N, as benchmarks/_sampled_sequential.py
+  does;
+- the largest N as a `torch.func` ensemble (benchmarks/_torch_ensemble.py: vmap +
+  functional_call, one Adam over the stacked parameters), when torch sees a CUDA device;
+- the one-time cost at N = 1, 16, 64: from `ModelPack(members)` to the end of the fit, less
+  the epochs at the steady rate, against one plain model's (from `compile`);
+- GPU utilisation and SM activity during each Keras fit (`UtilizationLogger`, means of the
+  steady epochs) and during the torch run (the monitor's sampler), when pynvml and a GPU
+  answer.
+
+"End to end" runs from `ModelPack(members)` (a plain model: from `compile`) to the end of
+`fit`: tracing and XLA compiling included, building the Keras members (the same for both
+sides) and the monitor's own start and stop left out (both printed). "Steady" is the median of
+the epochs after the first (JAX compiles the full and the last, partial batch in epoch 1).
+
+Each repeat runs the Keras rows in one fresh process, after a warm-up fit of other shapes
+(CUDA, cuBLAS and XLA start outside the timings), in an order rotated each repeat, and the
+torch row in another process (torch warmed up the same way). TensorFlow is never imported:
+the workers put None in `sys.modules["tensorflow"]`, as on the GPU machine, which has none.
+Each measurement is printed when it is taken and the table is rewritten after each one, so a
+run stopped at its time limit still leaves what it measured. A worker is not started when its
+last run would not fit in what is left of `--budget` seconds.
+
+    bash benchmarks/gpu.sh "$OUT"                   # the way to run it (see that script)
+    KERAS_BACKEND=jax python benchmarks/gpu_table.py --out gpu_table.md --log gpu_log.txt
+    KERAS_BACKEND=jax python benchmarks/gpu_table.py --cpu-smoke   # tiny sizes, on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # the repository, for keras_gpushare
+_RESULT = "@@gpu_table "
+_BATCH = 32
+_MONITOR_INTERVAL_S = 0.2
+
+# GPU sizes. From the H200 run in docs/benchmarks.md, estimated: about 45 s of Keras rows and
+# 20 s of torch per repeat, so that 2-3 repeats fit the budget.
+_GPU = {
+    "samples": 25_000,
+    "epochs": 4,
+    "warmup": 1,
+    "members": [16, 64],
+    "sequential": 2,
+    "repeats": 3,
+    "budget": 195.0,
+}
+# The same table in about a minute on two CPU cores.
+_SMOKE = {
+    "samples": 512,
+    "epochs": 3,
+    "warmup": 1,
+    "members": [16, 64],
+    "sequential": 2,
+    "repeats": 2,
+    "budget": 110.0,
+}
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _emit(record: dict[str, Any]) -> None:
+    print(_RESULT + json.dumps(record), flush=True)
+
+
+def _no_tensorflow() -> None:
+    """Makes `import tensorflow` fail here as on the GPU machine, which has no TensorFlow."""
+    if "tensorflow" in sys.modules and sys.modules["tensorflow"] is not None:
+        raise RuntimeError("TensorFlow was imported before the benchmark started.")
+    sys.modules["tensorflow"] = None  # `import tensorflow` raises ModuleNotFoundError
+
+
+def _monitor_state(on_gpu: bool) -> str | None:
+    """None when GPU figures can be read, else why not."""
+    import importlib.util
+
+    if not on_gpu:
+        return "no GPU"
+    if importlib.util.find_spec("pynvml") is None:
+        return "pynvml (nvidia-ml-py) is not installed"
+    return None
+
+
+def _steady(epochs: list[float], warmup: int) -> float:
+    return statistics.median(epochs[warmup:] or epochs[-1:])
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v == v]  # NaN: not read
+    return sum(values) / len(values) if values else None
+
+
+def _keras_fit(n: int, pack: bool, data: tuple, sizes: dict[str, Any], monitor: bool) -> dict:
+    """One timed fit: a ModelPack of `n` seeds' MLPs, or one plain model (`pack=False`)."""
+    import keras
+
+    import keras_gpushare as kg
+    from keras_gpushare._seeds_benchmark.workload import build_mlp, epoch_timer
+
+    class Mark(keras.callbacks.Callback):
+        """Notes when `fit` reached it at train begin and end (to time the monitor)."""
+
+        async_safe = True
+
+        def on_train_begin(self, logs=None):
+            self.begin = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            self.end = time.perf_counter()
+
+    x, y = data
+    timer = epoch_timer()
+    callbacks: list[Any] = [timer]
+    if monitor:
+        logger = kg.callbacks.UtilizationLogger(interval=_MONITOR_INTERVAL_S)
+        marks = (Mark(), Mark())
+        callbacks += [marks[0], logger, marks[1]]
+    start = time.perf_counter()
+    members = [build_mlp(64, seed=i) for i in range(n)]
+    built = time.perf_counter()
+    model = kg.ModelPack(members) if pack else members[0]
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    history = model.fit(
+        x, y, batch_size=_BATCH, epochs=sizes["epochs"], verbose=0, callbacks=callbacks
+    )
+    end = time.perf_counter()
+    record = {
+        "n": n,
+        "build_s": built - start,
+        "e2e_s": end - built,
+        "epoch_s": timer.times,
+        "engine": model.engine if pack else "plain",
+    }
+    if monitor:
+        monitor_s = (marks[1].begin - marks[0].begin) + (marks[1].end - marks[0].end)
+        record["e2e_s"] -= monitor_s
+        record["monitor_s"] = monitor_s
+        steady = slice(sizes["warmup"], None)
+        for key, name in (("gpu0_util", "util"), ("gpu0_sm_active", "sm_active")):
+            record[name] = _mean(history.history.get(key, [])[steady])
+        record["advice"] = logger.advice
+    return record
+
+
+def _warm_up_keras() -> None:
+    """A plain fit and a two-member pack of the seeds' MLP at batch 16: starts CUDA, cuBLAS
+    and XLA, and runs the eager ops that build these layers, so that the first measured row
+    pays no more than the others; no train step a measured row runs (batch 32) is compiled."""
+    import keras_gpushare as kg
+    from keras_gpushare._seeds_benchmark.workload import build_mlp, make_data
+
+    x, y = make_data(48, seed=1)
+    plain = build_mlp(64, seed=101)
+    pack = kg.ModelPack([build_mlp(64, seed=102), build_mlp(64, seed=103)])
+    for model in (plain, pack):
+        model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def _jax_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
+    _no_tensorflow()
+    import jax
+    import keras
+
+    from keras_gpushare._seeds_benchmark.workload import make_data
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    _emit(
+        {
+            "kind": "env",
+            "keras": keras.__version__,
+            "backend": keras.backend.backend(),
+            "jax": jax.__version__,
+            "jax_device": gpus[0].device_kind if gpus else jax.devices()[0].platform,
+        }
+    )
+    if keras.backend.backend() != "jax":
+        _emit({"kind": "fatal", "error": "set KERAS_BACKEND=jax (benchmarks/gpu.sh does)"})
+        return 2
+    if not gpus and not smoke:
+        _emit({"kind": "fatal", "error": f"JAX sees no GPU (devices: {jax.devices()})"})
+        return 2
+    unavailable = _monitor_state(bool(gpus))
+    _emit({"kind": "monitor", "unavailable": unavailable})
+    _warm_up_keras()
+    data = make_data(sizes["samples"])
+    rows = [("plain", 1)] + [("pack", n) for n in [1, *sizes["members"]]]
+    shift = repeat % len(rows)
+    for what, n in rows[shift:] + rows[:shift]:
+        try:
+            if what == "plain":
+                fits = [
+                    _keras_fit(1, False, data, sizes, unavailable is None)
+                    for _ in range(sizes["sequential"])
+                ]
+                _emit({"kind": "plain", "repeat": repeat, "fits": fits})
+            else:
+                fit = _keras_fit(n, True, data, sizes, unavailable is None)
+                _emit({"kind": "pack", "repeat": repeat, **fit})
+        except Exception as e:  # a row that fails here is reported, the others still run
+            traceback.print_exc()
+            _emit({"kind": "error", "what": f"{what} N={n}", "error": f"{type(e).__name__}: {e}"})
+    return 0
+
+
+def _torch_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
+    _no_tensorflow()
+    try:
+        import torch
+    except ImportError:
+        _emit({"kind": "skip", "what": "torch-vmap", "why": "torch is not installed"})
+        return 0
+    on_gpu = torch.cuda.is_available()
+    _emit(
+        {
+            "kind": "env",
+            "torch": torch.__version__,
+            "torch_device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        }
+    )
+    if not on_gpu and not smoke:
+        _emit({"kind": "skip", "what": "torch-vmap", "why": "torch sees no CUDA device"})
+        return 0
+    sys.path.insert(0, _HERE)
+    from _torch_ensemble import run_torch_vmap
+
+    n = max(sizes["members"])
+    base = {"epochs": sizes["epochs"], "warmup": sizes["warmup"], "threads": 1}
+    # Warm-up: CUDA context, cuBLAS handles and torch.func's first trace stay out of the run.
+    run_torch_vmap({**base, "samples": 256, "epochs": 1, "widths": [64] * 2})
+    sampler = None
+    if _monitor_state(on_gpu) is None:
+        from keras_gpushare.monitor.nvml import NvmlReader
+        from keras_gpushare.monitor.sampler import Sampler
+
+        sampler = Sampler(NvmlReader(), _MONITOR_INTERVAL_S, windows=("run",))
+        sampler.start()
+        sampler.take("run")
+    try:
+        result = run_torch_vmap({**base, "samples": sizes["samples"], "widths": [64] * n})
+    except Exception as e:  # reported in the table's notes; the traceback goes to the log
+        traceback.print_exc()
+        _emit({"kind": "error", "what": f"torch-vmap N={n}", "error": f"{type(e).__name__}: {e}"})
+        return 1
+    record = {
+        "kind": "torch",
+        "repeat": repeat,
+        "n": n,
+        "e2e_s": result["wall_s"],
+        "epoch_s": result["epoch_s"],
+        "threads": result["threads"],
+    }
+    if sampler is not None:
+        figures, _ = sampler.take("run")
+        sampler.stop()
+        record["util"] = figures.get("gpu0_util")
+        record["sm_active"] = figures.get("gpu0_sm_active")
+    _emit(record)
+    return 0
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _spread(values: list[float], digits: int = 2, thousands: bool = False) -> str:
+    fmt = f"{{:,.{digits}f}}" if thousands else f"{{:.{digits}f}}"
+    middle = fmt.format(statistics.median(values))
+    if len(values) < 2:
+        return middle
+    return f"{middle} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def _percent(values: list[float | None]) -> str:
+    values = [v for v in values if v is not None and v == v]
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+
+def _runs(records: list[dict], kind: str, n: int | None = None) -> list[dict]:
+    return [r for r in records if r["kind"] == kind and (n is None or r.get("n") == n)]
+
+
+def format_table(records: list[dict], sizes: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The markdown table of the records measured so far (medians [min-max] over repeats)."""
+    env: dict[str, Any] = {}
+    for r in _runs(records, "env"):
+        env.update(r)
+    warmup, epochs, samples = sizes["warmup"], sizes["epochs"], sizes["samples"]
+    repeats = sorted({r["repeat"] for r in records if "repeat" in r})
+    lines = [
+        f"GPU table ({meta['mode']}): Keras {env.get('keras', '?')} on "
+        f"{env.get('backend', '?')} {env.get('jax', '?')} ({env.get('jax_device', '?')}); "
+        f"torch {env.get('torch', '-')} ({env.get('torch_device', '-')}); "
+        f"{meta.get('gpu') or 'nvidia-smi: none'}",
+        "",
+        f"The seeds' MLP (10-64-32-1, Adam, batch {_BATCH}), {samples:,} samples x {epochs} "
+        f"epochs; steady: median of epochs {warmup + 1}-{epochs}; {len(repeats)} repeat(s), "
+        "median [min-max] over a row's own. End to end: `ModelPack(members)` (plain: "
+        "`compile`) to the end of `fit`, tracing and compiling included.",
+        "",
+        "| N | method | end to end s | x seq | steady epoch s | steady model-samples/s | "
+        "x seq | GPU util % | SM active % |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    plain = _runs(records, "plain")
+    one_fit_s = [statistics.mean(f["e2e_s"] for f in r["fits"]) for r in plain]
+    plain_steady = [
+        statistics.median(_steady(f["epoch_s"], warmup) for f in r["fits"]) for r in plain
+    ]
+    plain_fits = [f for r in plain for f in r["fits"]]
+    for n in sizes["members"]:
+        base_e2e = base_rate = None
+        if plain:
+            e2e = [n * s for s in one_fit_s]
+            rates = [samples / s for s in plain_steady]
+            base_e2e, base_rate = statistics.median(e2e), statistics.median(rates)
+            lines.append(
+                f"| {n} | sequential ({sizes['sequential']} fits, scaled) | {_spread(e2e, 1)} | "
+                f"1.00 | {_spread(plain_steady, 3)} | {_spread(rates, 0, True)} | 1.00 | "
+                f"{_percent([f.get('util') for f in plain_fits])} | "
+                f"{_percent([f.get('sm_active') for f in plain_fits])} |"
+            )
+        for kind, label in (("pack", "ModelPack"), ("torch", "torch-vmap")):
+            runs = _runs(records, kind, n)
+            if not runs:
+                continue
+            if kind == "pack":
+                label += f" ({'/'.join(sorted({r['engine'] for r in runs}))})"
+            else:
+                label += f" (torch.func, {runs[0]['threads']} CPU thread)"
+            e2e = [r["e2e_s"] for r in runs]
+            steady = [_steady(r["epoch_s"], warmup) for r in runs]
+            rates = [n * samples / s for s in steady]
+            x_e2e = f"{base_e2e / statistics.median(e2e):.2f}" if base_e2e else "-"
+            x_rate = f"{statistics.median(rates) / base_rate:.2f}" if base_rate else "-"
+            lines.append(
+                f"| {n} | {label} | {_spread(e2e, 1)} | {x_e2e} | {_spread(steady, 3)} | "
+                f"{_spread(rates, 0, True)} | {x_rate} | "
+                f"{_percent([r.get('util') for r in runs])} | "
+                f"{_percent([r.get('sm_active') for r in runs])} |"
+            )
+    lines += [
+        "",
+        "One-time cost: end to end less epochs x the steady epoch (what is paid once: "
+        "tracing, compiling, the first and last batch shapes).",
+        "",
+        "| members | building s | one-time s | vs one plain model | steady epoch s | engine |",
+        "| ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    firsts = [r["fits"][0] for r in plain]
+    plain_once = [f["e2e_s"] - epochs * _steady(f["epoch_s"], warmup) for f in firsts]
+    if firsts:
+        lines.append(
+            f"| plain model | {_spread([f['build_s'] for f in firsts])} | "
+            f"{_spread(plain_once)} | 1.0x | "
+            f"{_spread([_steady(f['epoch_s'], warmup) for f in firsts], 3)} | plain |"
+        )
+    for n in [1, *sizes["members"]]:
+        runs = _runs(records, "pack", n)
+        if not runs:
+            continue
+        once = [r["e2e_s"] - epochs * _steady(r["epoch_s"], warmup) for r in runs]
+        ratio = f"{statistics.median(once) / statistics.median(plain_once):.1f}x" if firsts else "-"
+        lines.append(
+            f"| {n} | {_spread([r['build_s'] for r in runs])} | {_spread(once)} | {ratio} | "
+            f"{_spread([_steady(r['epoch_s'], warmup) for r in runs], 3)} | "
+            f"{'/'.join(sorted({r['engine'] for r in runs}))} |"
+        )
+    notes = list(meta.get("notes", []))
+    monitor_s = [r["monitor_s"] for r in _runs(records, "pack") if "monitor_s" in r]
+    monitor_s += [f["monitor_s"] for f in plain_fits if "monitor_s" in f]
+    if monitor_s:
+        notes.append(
+            f"UtilizationLogger started and stopped in {_spread(monitor_s)} s a fit, left out "
+            "of end to end; its figures are the steady epochs' means (torch: the whole run, "
+            "from the monitor's sampler). GPU util: share of time a kernel ran; SM active: "
+            "share of SMs busy (NVML GPM, Hopper)."
+        )
+    for r in _runs(records, "monitor"):
+        if r["unavailable"]:
+            notes.append(f"GPU utilisation not measured: {r['unavailable']}.")
+            break
+        fits = _runs(records, "pack") + plain_fits
+        if fits and all(f.get("util") is None for f in fits):
+            notes.append("UtilizationLogger gave no GPU figures: see its warning in the log.")
+            break
+    if plain:
+        notes.append(
+            f"Sequential: {sizes['sequential']} plain fits per repeat, their mean time scaled "
+            "to N members (a plain fit costs the same whatever N). The Keras rows of a repeat "
+            "ran in one process in rotated order after a warm-up fit of other shapes."
+        )
+    if _runs(records, "torch"):
+        notes.append(
+            "torch-vmap: end to end is its whole run (the modules built and stacked on the "
+            "device, then every epoch; eager, nothing to compile), after a warm-up run."
+        )
+    notes += [f"{r['what']}: {r['why']}." for r in _runs(records, "skip")]
+    notes += [f"{r['what']} failed: {r['error']}" for r in _runs(records, "error")]
+    if notes:
+        lines += [""] + [f"- {note}" for note in dict.fromkeys(notes)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class _Driver:
+    """Runs the workers repeat by repeat, echoes each measurement and keeps the table."""
+
+    def __init__(self, args: argparse.Namespace, sizes: dict[str, Any], log: Any) -> None:
+        self.args, self.sizes, self.log = args, sizes, log
+        self.records: list[dict] = []
+        self.notes: list[str] = []
+        self.start = time.monotonic()
+        self.gpu = _nvidia_smi()
+        self.fatal: str | None = None
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        if self.log:
+            self.log.write(text + "\n")
+
+    def write_table(self) -> str:
+        meta = {
+            "mode": "CPU smoke run, tiny sizes" if self.args.cpu_smoke else "GPU",
+            "gpu": self.gpu,
+            "notes": self.notes,
+        }
+        table = format_table(self.records, self.sizes, meta)
+        if self.args.out:
+            with open(self.args.out, "w") as f:
+                f.write(table)
+        return table
+
+    def run(self) -> int:
+        self.say(f"gpu_table: sizes {json.dumps(self.sizes)}; {self.gpu or 'no nvidia-smi'}")
+        durations: dict[str, float] = {}
+        torch_skipped = False
+        for repeat in range(self.sizes["repeats"]):
+            order = ["jax", "torch"] if repeat % 2 == 0 else ["torch", "jax"]
+            ran = False
+            for kind in order:
+                if kind == "torch" and torch_skipped:
+                    continue
+                left = self.sizes["budget"] - (time.monotonic() - self.start)
+                if kind in durations and 1.1 * durations[kind] > left:
+                    self.notes.append(
+                        f"repeat {repeat + 1}: the {kind} worker was not started (its last "
+                        f"run took {durations[kind]:.0f} s, {left:.0f} s of the "
+                        f"{self.sizes['budget']:.0f} s budget left)"
+                    )
+                    continue
+                began, first = time.monotonic(), len(self.records)
+                self._worker(kind, repeat)
+                durations[kind], ran = time.monotonic() - began, True
+                new = self.records[first:]
+                torch_skipped = torch_skipped or any(r["kind"] == "skip" for r in new)
+                if self.fatal:
+                    self.say(f"gpu_table: {self.fatal}")
+                    return 2
+            if not ran:
+                break
+            self.say(f"\n== after repeat {repeat + 1} ({time.monotonic() - self.start:.0f} s)")
+            self.say(self.write_table())
+        self.say(f"gpu_table: done in {time.monotonic() - self.start:.0f} s")
+        self.write_table()
+        return 0
+
+    def _worker(self, kind: str, repeat: int) -> None:
+        left = self.sizes["budget"] - (time.monotonic() - self.start)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
+        if kind == "torch":
+            env["JAX_PLATFORMS"] = "cpu"  # keras_gpushare's import keeps off the GPU there
+        if self.args.cpu_smoke:
+            env["JAX_PLATFORMS"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""  # torch too
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            kind,
+            "--repeat",
+            str(repeat),
+            "--sizes",
+            json.dumps(self.sizes),
+        ] + (["--cpu-smoke"] if self.args.cpu_smoke else [])
+        self.say(f"-- repeat {repeat + 1}: {kind} worker ({left:.0f} s of budget left)")
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        reader = threading.Thread(
+            target=self._read, args=(process,), name=f"gpu-table-{kind}", daemon=True
+        )
+        reader.start()
+        try:
+            process.wait(timeout=max(left, 5.0))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            self.notes.append(f"repeat {repeat + 1}: the {kind} worker was stopped at the budget")
+        reader.join(timeout=10.0)
+        if process.returncode and not self.fatal:
+            self.notes.append(
+                f"repeat {repeat + 1}: the {kind} worker exited with {process.returncode} "
+                "(see the log)"
+            )
+
+    def _read(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            if not line.startswith(_RESULT):
+                if self.log:
+                    self.log.write(f"   | {line}\n")
+                continue
+            record = json.loads(line[len(_RESULT) :])
+            if self.log:
+                self.log.write(f"   > {json.dumps(record)}\n")  # every epoch's seconds
+            self.records.append(record)
+            self.say(f"   {_summary(record, self.sizes)}")
+            if record["kind"] == "fatal":
+                self.fatal = record["error"]
+            self.write_table()
+
+
+def _summary(record: dict[str, Any], sizes: dict[str, Any]) -> str:
+    """One line per measurement, printed as soon as it is taken."""
+    kind, warmup = record["kind"], sizes["warmup"]
+
+    def fit(r: dict[str, Any], n: int) -> str:
+        steady = _steady(r["epoch_s"], warmup)
+        text = (
+            f"end to end {r['e2e_s']:.2f} s, steady {steady:.3f} s/epoch "
+            f"({n * sizes['samples'] / steady:,.0f} model-samples/s)"
+        )
+        if r.get("util") is not None:
+            text += f", GPU util {r['util']:.0f}%"
+        return text
+
+    if kind == "plain":
+        return "plain fits: " + "; ".join(fit(f, 1) for f in record["fits"])
+    if kind == "pack":
+        return f"ModelPack N={record['n']} ({record['engine']}): {fit(record, record['n'])}"
+    if kind == "torch":
+        return f"torch-vmap N={record['n']}: {fit(record, record['n'])}"
+    return f"{kind}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "kind")
+
+
+def _nvidia_smi() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"nvidia-smi: {out.splitlines()[0]}" if out else None
+
+
+def _members(text: str) -> list[int]:
+    try:
+        counts = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}, expected comma-separated member counts of 2 or more, e.g. 16,64."
+        )
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes, on the CPU")
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--log", default=None, help="append the full log (workers') here")
+    parser.add_argument("--members", type=_members, default=None, help="e.g. 16,64")
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all repeats")
+    parser.add_argument("--sequential-at-most", type=int, default=None, dest="sequential")
+    parser.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        sizes = json.loads(args.sizes)
+        worker = _jax_worker if args.worker == "jax" else _torch_worker
+        return worker(sizes, args.repeat, args.cpu_smoke)
+    sizes = dict(_SMOKE if args.cpu_smoke else _GPU)
+    for key in ("members", "samples", "repeats", "budget", "sequential"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
+    if min(sizes["samples"], sizes["repeats"], sizes["sequential"]) < 1:
+        parser.error("--samples, --repeats and --sequential-at-most must be positive.")
+    if sizes["epochs"] <= sizes["warmup"]:
+        parser.error("no steady epoch: epochs must exceed the warm-up.")
+    if not args.log:
+        return _Driver(args, sizes, None).run()
+    with open(args.log, "a", buffering=1) as log:
+        return _Driver(args, sizes, log).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
