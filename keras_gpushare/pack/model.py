@@ -16,6 +16,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack import _chief, _compile_args, _fit_args, _replicas, planner
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack._gc_freeze import OldObjectsFrozen
 from keras_gpushare.pack._jit_policy import JitPolicy
 from keras_gpushare.pack._logs import pack_logs
 from keras_gpushare.pack._member_callbacks import per_member_callbacks
@@ -670,7 +671,8 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         given = _fit_args.call_arguments("evaluate", x, y, args, kwargs)
         counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
-        with _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
+        frozen = OldObjectsFrozen(self.test_function is None)
+        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
             logs = super().evaluate(
                 x,
                 y,
@@ -810,7 +812,9 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         counts = [given["steps_per_epoch"]]
         if given["validation_data"] is not None or given["validation_split"]:
             counts.append(given["validation_steps"])
-        with _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
+        frozen = OldObjectsFrozen(self.train_function is None)
+        callbacks.append(frozen.callback())
+        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
             history = super().fit(
                 x,
                 y,
@@ -841,7 +845,8 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         given = _fit_args.call_arguments("predict", x, None, args, kwargs)
         counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
-        with _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
+        frozen = OldObjectsFrozen(self.predict_function is None)
+        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
             outputs = super().predict(
                 x,
                 *args,
