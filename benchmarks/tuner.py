@@ -194,7 +194,8 @@ def main() -> None:
             engines.engines.clear()
             seconds, scores = run(method, k, args, data, root)
             baseline = baseline or seconds
-            name = "KerasTuner RandomSearch" if method == "plain" else f"{method} K={k}"
+            plain = "KerasTuner " + ("Hyperband" if args.oracle == "hyperband" else "RandomSearch")
+            name = plain if method == "plain" else f"{method} K={k}"
             used = ", ".join(f"{e} {n}" for e, n in sorted(engines.engines.items()))
             print(
                 f"{name:<22}{seconds:>9.1f}{baseline / seconds:>9.2f}x"

@@ -208,3 +208,29 @@ def test_a_pack_whose_fit_raises_retrains_its_trials_alone(tmp_path, caplog):
     assert by_mode["ok"].status == by_mode["ok2"].status == "COMPLETED"
     assert by_mode["bad"].status == "FAILED"
     assert "training each trial alone" in caplog.text
+
+
+def test_trials_of_other_lengths_train_in_packs_of_their_own(tmp_path):
+    # Hyperband's first round mixes trials of 1, 3 and 9 epochs: in one pack, most of its
+    # steps would compute trials that have ended, so each length gets its own pack.
+    oracle = keras_tuner.oracles.HyperbandOracle(
+        objective="val_loss", max_epochs=9, factor=3, seed=2
+    )
+    tuner = _search(tmp_path, "lengths", oracle=oracle, parallel_trials=16)
+    paths = tuner.trial_paths()
+    first_round = [
+        t
+        for t in tuner.oracle.trials.values()
+        if t.hyperparameters.values.get("tuner/initial_epoch", 0) == 0
+    ]
+    lengths = {t.hyperparameters.values["tuner/epochs"] for t in first_round}
+    assert len(lengths) > 1
+    for trial in first_round:
+        # "trials 3, 4, 7 (batch size 64)": the trials trained in this trial's pack.
+        label = paths[trial.trial_id]["pack"].split(" (")[0]
+        packed_with = label.split(" ", 1)[1].split(", ")
+        lengths = {
+            tuner.oracle.get_trial(t).hyperparameters.values["tuner/epochs"] for t in packed_with
+        }
+        assert lengths == {trial.hyperparameters.values["tuner/epochs"]}
+        assert trial.status == "COMPLETED"
