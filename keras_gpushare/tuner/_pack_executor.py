@@ -130,7 +130,7 @@ def _pack_label(runs: list[TrialRun], fit_kwargs: dict) -> str:
     batch_size = _batch_size(runs[0], fit_kwargs)
     if batch_size is not None:
         details.append(f"batch size {batch_size}")
-    start = runs[0].trial.hyperparameters.values.get("tuner/initial_epoch", 0)
+    start = _start_epoch(runs[0], fit_kwargs)
     if start:
         details.append(f"from epoch {start}")
     return f"{label} ({', '.join(details)})" if details else label
@@ -152,17 +152,16 @@ def _in_trials(text: str, runs: list[TrialRun]) -> str:
     return re.sub(r"\bmembers? (\d+(?:, \d+)*)", names, text)
 
 
-def _pack_path(
-    pack: ModelPack, runs: list[TrialRun], trial_id: str, fit_kwargs: dict
-) -> dict[str, str]:
-    """Where the pack's planner put trial `trial_id`'s models, and why.
+def _pack_path(pack: ModelPack, runs: list[TrialRun], trial_id: str, label: str) -> dict[str, str]:
+    """Where the pack's planner put trial `trial_id`'s models, and why (`label`: the pack's,
+    from `_pack_label`).
 
     A trial whose models are all in fused groups took the path `"fused"`, one whose models
     are all on the graph engine `"graph"` (with the planner's reason), and `"mixed"` else.
     """
     plan = pack.engine_plan
     mine = {i for i, run in enumerate(runs) if run.trial.trial_id == trial_id}
-    path = {"path": "graph", "pack": _pack_label(runs, fit_kwargs)}
+    path = {"path": "graph", "pack": label}
     groups, whys = [], []
     for k, (group, waste) in enumerate(zip(plan.groups, plan.waste)):
         if not mine & set(group):
@@ -204,6 +203,12 @@ def _batch_size(run: TrialRun, fit_kwargs: dict) -> Any:
     return run.trial.hyperparameters.values.get("batch_size", fit_kwargs.get("batch_size"))
 
 
+def _start_epoch(run: TrialRun, fit_kwargs: dict) -> int:
+    """The epoch the trial's `fit` starts from: Hyperband's, else the search's."""
+    values = run.trial.hyperparameters.values
+    return values.get("tuner/initial_epoch", fit_kwargs.get("initial_epoch", 0))
+
+
 def _groups(runs: list[TrialRun], fit_kwargs: dict) -> list[list[TrialRun]]:
     """Packs: one per batch size and start epoch, split by last epoch where that pays.
 
@@ -214,13 +219,11 @@ def _groups(runs: list[TrialRun], fit_kwargs: dict) -> list[list[TrialRun]]:
     """
     by_key: dict[tuple, list[TrialRun]] = defaultdict(list)
     for run in runs:
-        values = run.trial.hyperparameters.values
-        key = (repr(_batch_size(run, fit_kwargs)), values.get("tuner/initial_epoch", 0))
-        by_key[key].append(run)
-    return [pack for same_start in by_key.values() for pack in _by_length(same_start)]
+        by_key[(repr(_batch_size(run, fit_kwargs)), _start_epoch(run, fit_kwargs))].append(run)
+    return [pack for same_start in by_key.values() for pack in _by_length(same_start, fit_kwargs)]
 
 
-def _by_length(runs: list[TrialRun]) -> list[list[TrialRun]]:
+def _by_length(runs: list[TrialRun], fit_kwargs: dict) -> list[list[TrialRun]]:
     """`runs` (one start epoch) as one pack, or one pack per last epoch when one pack would
     spend over half its member-epochs on trials that have ended.
 
@@ -232,7 +235,7 @@ def _by_length(runs: list[TrialRun]) -> list[list[TrialRun]]:
     start epoch (`benchmarks/tuner.py --oracle hyperband`). Trials of close lengths stay
     together: each extra pack pays its own building and tracing.
     """
-    start = runs[0].trial.hyperparameters.values.get("tuner/initial_epoch", 0)
+    start = _start_epoch(runs[0], fit_kwargs)
     longest = max(run.last_epoch for run in runs)
     needed = sum(max(run.last_epoch - start, 0) for run in runs)
     if len(runs) * (longest - start) <= 2 * needed:
@@ -312,8 +315,7 @@ def _fit_group(
         # epoch end only for the user's callbacks and tuner hooks.
         optimizer_state = bool(callbacks) or calls.epoch_end_hook
         kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"], optimizer_state)]
-        values = runs[0].trial.hyperparameters.values
-        kwargs["initial_epoch"] = values.get("tuner/initial_epoch", kwargs.get("initial_epoch", 0))
+        kwargs["initial_epoch"] = _start_epoch(runs[0], fit_kwargs)
         batch_size = _batch_size(runs[0], fit_kwargs)
         if batch_size is not None:
             kwargs["batch_size"] = batch_size
@@ -359,8 +361,9 @@ def _fit_group(
                     results=[r.results() for r in again], path=paths[trial.trial_id]
                 )
     else:
+        label = _pack_label(runs, fit_kwargs)
         for trial_id in trial_ids:
-            paths[trial_id] = _with_split(_pack_path(pack, runs, trial_id, fit_kwargs), split)
+            paths[trial_id] = _with_split(_pack_path(pack, runs, trial_id, label), split)
 
 
 def _with_split(path: dict[str, str], split: str | None) -> dict[str, str]:
