@@ -9,8 +9,9 @@ VENV_OLDEST := .venv-oldest
 OLDEST_PINS := tensorflow==2.16.1 keras==3.15.1 keras-tuner==1.4.7 "jax[cpu]==0.4.31"
 
 # Two test processes (pytest-xdist), one file each at a time: most tests trace and run small
-# Keras programs on one core. `make test PYTEST_JOBS=` runs them in one process.
-PYTEST_JOBS ?= -n 2 --dist loadfile
+# Keras programs on one core. Files are dealt in collection order, the slowest first (see
+# tests/conftest.py). `make test PYTEST_JOBS=` runs them in one process.
+PYTEST_JOBS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test test-all test-oldest bench docs lint format clean
 

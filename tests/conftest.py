@@ -23,3 +23,30 @@ if os.environ["KERAS_BACKEND"] == "tensorflow":
     tf.config.set_logical_device_configuration(
         _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)]
     )
+
+
+# The files whose tests start processes or run whole searches (the slowest, 40-200 s of CPU
+# time each on the 2-core CI machine), slowest first. `make test` hands files to its two
+# workers in collection order (`--no-loadscope-reorder`): starting with these leaves the many
+# short files to even out the end, where a slow file dealt last would run alone.
+SLOW_FILES_FIRST = (
+    "tests/tuner/test_tuner_resume.py",
+    "tests/tuner/test_tuner_processes.py",
+    "tests/distribute/test_multi_worker_pack.py",
+    "tests/tuner/conformance/test_conformance_results.py",
+    "tests/test_examples.py",
+    "tests/tuner/conformance/test_conformance_behaviour.py",
+    "tests/tuner/test_tuner_pack.py",
+    "tests/distribute/test_mirrored_pack.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
+    root = str(config.rootpath)
+
+    def key(item):
+        path = os.path.relpath(str(item.path), root).replace(os.sep, "/")
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)
