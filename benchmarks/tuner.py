@@ -14,14 +14,23 @@ per pack; ParallelTuner with executor="processes" and 2 workers. Two search spac
 Prints wall time, the ratio of plain KerasTuner's time to each method's (same run), the
 best and worst trial scores, and for pack methods the engines the packs trained on.
 
+With `--bound`, each pack method also prints where its time went, from timings of every pack
+it trained (`ModelPack()`, `compile`, and `fit` epoch by epoch, read through a callback the
+benchmark adds to each pack): packs, each pack's fixed cost (building and compiling it, its
+first epoch beyond a steady one, and `fit`'s time outside epochs), the steady epochs, and
+"one program": the ratio the search would reach if every pack after the first cost only its
+steady epochs, as a search streaming its trials through one compiled program (slots) would at
+best on this machine, padding and refilling slots taken as free.
+
     python benchmarks/tuner.py [--space small|getting-started] [--quick] [--trials 16]
-        [--epochs 5] [--packs 4,8,16] [--oracle random|hyperband]
+        [--epochs 5] [--packs 4,8,16] [--oracle random|hyperband] [--bound]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -110,6 +119,78 @@ class _Engines(logging.Handler):
             self.engines[match.group(2)] += int(match.group(1))
 
 
+class _PackClock(keras.callbacks.Callback):
+    """Times one pack's `fit`, epoch by epoch."""
+
+    def __init__(self, record: dict) -> None:
+        super().__init__()
+        self.record = record
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._begin = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.record["epochs"].append(time.perf_counter() - self._begin)
+
+
+@contextlib.contextmanager
+def _timed_packs(packs: list):
+    """Appends a record of each `ModelPack` built inside: its build, compile, fit and epochs."""
+    pack_class = kg.ModelPack
+    originals = pack_class.__init__, pack_class.compile, pack_class.fit
+
+    def timed(method, key):
+        def call(self, *args, **kwargs):
+            if key == "build":
+                members = len(args[0]) if args else len(kwargs["members"])
+                packs.append(
+                    {"members": members, "build": 0.0, "compile": 0.0, "fit": 0.0, "epochs": []}
+                )
+            record = packs[-1]
+            if key == "fit":
+                kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _PackClock(record)]
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                record[key] += time.perf_counter() - start
+
+        return call
+
+    pack_class.__init__ = timed(originals[0], "build")
+    pack_class.compile = timed(originals[1], "compile")
+    pack_class.fit = timed(originals[2], "fit")
+    try:
+        yield packs
+    finally:
+        pack_class.__init__, pack_class.compile, pack_class.fit = originals
+
+
+def _where_time_went(packs: list, seconds: float, plain: float) -> str:
+    """Packs' fixed cost and steady epochs, and the ratio with one program (see `--bound`).
+
+    A pack of one epoch has no steady epoch of its own: it is taken at the median rate a
+    member-epoch of the multi-epoch packs ran at.
+    """
+    rates = [
+        float(np.median(r["epochs"][1:])) / r["members"] for r in packs if len(r["epochs"]) > 1
+    ]
+    rate = float(np.median(rates)) if rates else 0.0
+    fixed, steady = [], 0.0
+    for record in packs:
+        epochs = record["epochs"]
+        usual = float(np.median(epochs[1:])) if len(epochs) > 1 else rate * record["members"]
+        steady += usual * len(epochs)
+        fixed.append(record["build"] + record["compile"] + record["fit"] - usual * len(epochs))
+    one_program = seconds - sum(fixed) + max(fixed, default=0.0)
+    return (
+        f"{'':<22}{len(packs)} pack{'' if len(packs) == 1 else 's'}: fixed {sum(fixed):.1f} s "
+        f"({', '.join(f'{f:.1f}' for f in fixed)}), steady epochs {steady:.1f} s, "
+        f"rest {seconds - sum(fixed) - steady:.1f} s; one program {one_program:.1f} s, "
+        f"{plain / one_program:.2f}x"
+    )
+
+
 def run(method: str, k: int, args: argparse.Namespace, data: tuple, root: str) -> tuple:
     """Runs one search; returns (seconds, scores of the completed trials)."""
     common = dict(directory=root, project_name=f"{method}-{k}", overwrite=True)
@@ -162,6 +243,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--packs", default="4,8,16", help="pack sizes K to run")
     parser.add_argument("--workers", type=int, default=2, help="processes executor workers")
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="print each pack method's fixed and steady time, and its ratio with one program",
+    )
     args = parser.parse_args()
     if args.quick:
         args.trials, args.epochs, args.packs, args.samples = 4, 2, "4", 1024
@@ -192,7 +278,11 @@ def main() -> None:
     try:
         for method, k in methods:
             engines.engines.clear()
-            seconds, scores = run(method, k, args, data, root)
+            packs: list = []
+            with (
+                _timed_packs(packs) if args.bound and method == "pack" else contextlib.nullcontext()
+            ):
+                seconds, scores = run(method, k, args, data, root)
             baseline = baseline or seconds
             plain = "KerasTuner " + ("Hyperband" if args.oracle == "hyperband" else "RandomSearch")
             name = plain if method == "plain" else f"{method} K={k}"
@@ -202,6 +292,8 @@ def main() -> None:
                 f"{min(scores):>9.4f}{max(scores):>9.4f}{len(scores):>8}  {used}",
                 flush=True,
             )
+            if packs:
+                print(_where_time_went(packs, seconds, baseline), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
