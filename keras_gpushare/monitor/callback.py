@@ -6,10 +6,7 @@ import logging
 import math
 import numbers
 import os
-import sys
-import threading
 import warnings
-from types import FrameType
 from typing import Any
 
 import keras
@@ -139,12 +136,7 @@ class UtilizationLogger(keras.callbacks.Callback):
         )
         if probe:
             self._footprint = probe[1]
-        sampler = Sampler(
-            reader,
-            self.interval,
-            windows=("epoch", "batch", "fit"),
-            watch=(threading.get_ident(), _training_frame()),
-        )
+        sampler = Sampler(reader, self.interval, windows=("epoch", "batch", "fit"))
         sampler.start(ready_timeout=_READY_TIMEOUT_S)
         self._sampler = sampler
         self.monitored_devices = [d.describe() for d in reader.devices]
@@ -257,18 +249,6 @@ class UtilizationLogger(keras.callbacks.Callback):
                     text,
                     exc_info=(type(error), error, error.__traceback__),
                 )
-
-
-def _training_frame() -> FrameType | None:
-    """The frame that drives training: the first caller outside Keras's callback list."""
-    own = {os.path.abspath(__file__)}
-    callback_list = sys.modules.get(keras.callbacks.CallbackList.__module__)
-    if callback_list is not None and getattr(callback_list, "__file__", None):
-        own.add(os.path.abspath(callback_list.__file__))
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename) in own:
-        frame = frame.f_back
-    return frame
 
 
 def _check_interval(interval: Any) -> float:

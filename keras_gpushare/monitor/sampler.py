@@ -6,10 +6,12 @@ and minima, so a figure is exact however long the window, plus the first samples
 that the figures can be checked against what NVML returned.
 
 Ending. `stop()` ends the thread; `on_train_end` calls it. Keras's `fit` has no `try/finally`,
-so when training raises `on_train_end` never runs: the thread therefore also watches the frame
-that drives training (the trainer's `fit`) and ends itself once that frame has left the
-training thread's stack, whichever way it left. An `atexit` hook stops live samplers at
-interpreter exit, and the callback stops any leftover sampler at the next `on_train_begin`.
+so when training raises `on_train_end` never runs: the callback stops such a leftover sampler
+at its next `on_train_begin`, and an `atexit` hook stops live samplers at interpreter exit.
+The thread never reads another thread's frames (`sys._current_frames()` and `f_back`):
+sampling threads that do crash CPython 3.11 now and then, in its garbage collector or in
+`PyFrame_GetBack` (getsentry/sentry-python#2386, DataDog/dd-trace-py#13567), and did so once
+in this project's tests while this thread watched `fit`'s frame.
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Sequence
-from types import FrameType
-from typing import Any
 
 import psutil
 
@@ -129,8 +128,6 @@ class Sampler:
         reader: the `NvmlReader` to open and read on the thread.
         interval: seconds between samples, timed on a monotonic clock.
         windows: names of the windows every sample goes into. Defaults to `("epoch",)`.
-        watch: `(thread id, frame)`: the thread ends itself once `frame` is no longer on that
-            thread's stack (training ended, even by an exception). Defaults to `None`.
 
     Example:
 
@@ -151,14 +148,12 @@ class Sampler:
         reader: NvmlReader,
         interval: float,
         windows: Sequence[str] = ("epoch",),
-        watch: tuple[int, FrameType] | None = None,
     ) -> None:
         self.reader = reader
         self.interval = float(interval)
         self.spec: list[tuple[str, str, str]] = figure_spec(reader)
         self._window_names = tuple(windows)
         self._windows = {name: _Window() for name in self._window_names}
-        self._watch = watch
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -259,9 +254,6 @@ class Sampler:
             while not self._stop.is_set():
                 self._wake.clear()
                 self._tick()
-                if self._watch is not None and not _frame_on_stack(*self._watch):
-                    self._post(logging.DEBUG, "training left `fit` without on_train_end")
-                    break
                 next_at += self.interval
                 now = time.monotonic()
                 if next_at < now:  # fell behind (a slow NVML call): no burst of catch-ups
@@ -270,7 +262,6 @@ class Sampler:
         except BaseException as e:  # handed to the training thread
             self.error = e
         finally:
-            self._watch = None
             try:
                 self.reader.close()
             except Exception as e:
@@ -337,13 +328,3 @@ class Sampler:
     def _post(self, level: int, text: str) -> None:
         with self._cond:
             self._messages.append((level, text))
-
-
-def _frame_on_stack(thread_id: int, frame: FrameType) -> bool:
-    """Whether `frame` is on the current stack of thread `thread_id`."""
-    current: Any = sys._current_frames().get(thread_id)
-    while current is not None:
-        if current is frame:
-            return True
-        current = current.f_back
-    return False

@@ -1,15 +1,17 @@
-"""The sampler thread ends after fit, after a fit that raised, at exit; 100 fits leak none."""
+"""The sampler thread ends after fit, at the next fit after one that raised, at exit; 100 fits
+leak none; it never reads another thread's frames."""
 
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import keras
 import pytest
 from fake_nvml import h100s
 from hang_guard import HANG_GUARD_S
-from monitor_helpers import join_monitor_threads, monitor_threads, tiny_data, tiny_model
+from monitor_helpers import monitor_threads, tiny_data, tiny_model
 
 from keras_gpushare.callbacks import UtilizationLogger
 
@@ -31,21 +33,36 @@ def test_thread_ends_at_train_end(fake_nvml):
     assert monitor_threads() == before == []  # joined in on_train_end, no waiting needed
 
 
-def test_thread_ends_when_fit_raises_and_next_fit_starts_clean(fake_nvml):
+def test_a_fit_that_raised_leaves_its_sampler_to_the_next_fit_which_starts_clean(fake_nvml):
     fake = fake_nvml(h100s(1))
     util_logger = UtilizationLogger(interval=0.02)
     model = tiny_model()
     x, y = tiny_data()
     with pytest.raises(RuntimeError, match="boom"):
         model.fit(x, y, batch_size=8, epochs=2, callbacks=[util_logger, Boom()], verbose=0)
-    # on_train_end never ran: the thread sees `fit` leave the stack and ends by itself.
-    assert not join_monitor_threads()
-    assert fake.inits == fake.shutdowns == 1
+    # on_train_end never ran (Keras's fit has no try/finally): at most the one sampler is left.
+    assert len(monitor_threads()) <= 1
 
     history = model.fit(x, y, batch_size=8, epochs=2, callbacks=[util_logger], verbose=0)
     assert len(history.history["gpu0_util"]) == 2
     assert not monitor_threads()
     assert fake.inits == fake.shutdowns == 2
+
+
+def test_the_sampler_never_reads_another_threads_frames(fake_nvml, monkeypatch):
+    # Sampling threads that walk another thread's frames crash CPython 3.11 now and then.
+    fake_nvml(h100s(1))
+    touched = []
+    real = sys._current_frames
+
+    def spy():
+        touched.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(sys, "_current_frames", spy)
+    x, y = tiny_data()
+    tiny_model().fit(x, y, epochs=2, callbacks=[UtilizationLogger(interval=0.01)], verbose=0)
+    assert not [name for name in touched if "keras-gpushare" in name]
 
 
 def test_leftover_sampler_is_stopped_at_next_train_begin(fake_nvml):
