@@ -83,7 +83,11 @@ def test_out_of_memory_in_the_builder_stops_at_the_last_good_size():
 
     x, y = _data(512)
     result = kg.find_pack_size(build, x, y, batch_size=32, max_members=16, min_gain=0.0)
-    assert result.pack_size == 2
+    # The suggestion is the best measured size below the one that ran out of memory (which of
+    # 1 and 2 measured faster depends on the machine's load, not on the rule).
+    measured = [r for r in result.measurements if r.status == "ok"]
+    best = max(measured, key=lambda r: r.samples_per_s)
+    assert result.pack_size == best.members <= 2
     assert result.stopped_by == "out_of_memory"
     assert "out of memory at 4 members" in result.reason
     assert [(r.members, r.engine, r.status) for r in result.measurements] == [
