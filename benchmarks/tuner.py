@@ -172,16 +172,14 @@ def _where_time_went(packs: list, seconds: float, plain: float) -> str:
     A pack of one epoch has no steady epoch of its own: it is taken at the median rate a
     member-epoch of the multi-epoch packs ran at.
     """
-    rates = [
-        float(np.median(r["epochs"][1:])) / r["members"] for r in packs if len(r["epochs"]) > 1
-    ]
+    own = [float(np.median(r["epochs"][1:])) if len(r["epochs"]) > 1 else None for r in packs]
+    rates = [usual / r["members"] for usual, r in zip(own, packs) if usual is not None]
     rate = float(np.median(rates)) if rates else 0.0
     fixed, steady = [], 0.0
-    for record in packs:
-        epochs = record["epochs"]
-        usual = float(np.median(epochs[1:])) if len(epochs) > 1 else rate * record["members"]
-        steady += usual * len(epochs)
-        fixed.append(record["build"] + record["compile"] + record["fit"] - usual * len(epochs))
+    for usual, record in zip(own, packs):
+        epochs = len(record["epochs"]) * (rate * record["members"] if usual is None else usual)
+        steady += epochs
+        fixed.append(record["build"] + record["compile"] + record["fit"] - epochs)
     one_program = seconds - sum(fixed) + max(fixed, default=0.0)
     return (
         f"{'':<22}{len(packs)} pack{'' if len(packs) == 1 else 's'}: fixed {sum(fixed):.1f} s "
