@@ -61,7 +61,9 @@ class WorkerHeader:
 
     sys_path: list
     cwd: str
+    argv: list  # the chief's `sys.argv`, which the user's script may parse again
     main_path: str | None  # the user's script, to run as `__mp_main__`, when needed
+    main_package: str | None  # its package, when it was run with `python -m`
     memory_limit_mb: int | None
 
 
@@ -155,6 +157,12 @@ def _importable_main() -> str | None:
     if path is None or not os.path.isfile(path) or not path.endswith(".py"):
         return None
     return os.path.abspath(path)
+
+
+def _main_package() -> str | None:
+    """The package of the `__main__` module run with `python -m`, for its relative imports."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "parent", None) or None
 
 
 def _check_main(main_names: list[str]) -> str | None:
@@ -331,7 +339,9 @@ def run_chief(
         header = WorkerHeader(
             sys_path=list(sys.path),
             cwd=os.getcwd(),
+            argv=list(sys.argv),
             main_path=main_path,
+            main_package=_main_package(),
             memory_limit_mb=launch.memory_limit_mb,
         )
         fd, spec_path = tempfile.mkstemp(prefix="kg-tuner-spec-", suffix=".pkl")

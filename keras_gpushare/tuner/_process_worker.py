@@ -3,10 +3,11 @@
     python -m keras_gpushare.tuner._process_worker SPEC_PATH CHIEF_PID
 
 The chief starts it with `KERASTUNER_TUNER_ID`, `KERASTUNER_ORACLE_IP` and
-`KERASTUNER_ORACLE_PORT` set. The worker sets up the chief's import path and folder, makes
-GPU memory shareable, runs the user's script (as `__mp_main__`, as multiprocessing's
-"spawn" does) when the hypermodel or tuner class is defined there, rebuilds the user's tuner
-from its class and arguments, and runs `search` with the chief's arguments, which makes it
+`KERASTUNER_ORACLE_PORT` set. The worker sets up the chief's import path, folder and
+`sys.argv` (so the script sees the arguments the user gave it), makes GPU memory
+shareable, runs the user's script (as `__mp_main__`, as multiprocessing's "spawn" does)
+when the hypermodel or tuner class is defined there, rebuilds the user's tuner from its
+class and arguments, and runs `search` with the chief's arguments, which makes it
 KerasTuner's worker loop.
 """
 
@@ -44,15 +45,17 @@ class _ParentWatchdog(threading.Thread):
                 os._exit(3)
 
 
-def _run_main_script(path: str) -> None:
+def _run_main_script(path: str, package: str | None) -> None:
     """Runs the user's script as `__mp_main__` up to its search, so pickles find its names.
 
     A script without an `if __name__ == "__main__":` guard reaches its own search here;
     `ParallelTuner.search` then stops the run (everything the search uses is defined by
-    then), and the worker goes on with the chief's search.
+    then), and the worker goes on with the chief's search. `package` is the script's
+    package when it was run with `python -m` (its relative imports resolve there).
     """
     module = types.ModuleType("__mp_main__")
     module.__file__ = path
+    module.__package__ = package
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
@@ -75,6 +78,7 @@ def main(argv: list[str]) -> None:
         header = pickle.load(f)
         spec_offset = f.tell()
     sys.path[:] = header.sys_path
+    sys.argv[:] = header.argv
     os.chdir(header.cwd)
     from keras_gpushare.devices import share_gpu
 
@@ -83,7 +87,7 @@ def main(argv: list[str]) -> None:
     except RuntimeError as e:
         logger.warning("Worker %s could not configure GPU memory: %s", tuner_id, e)
     if header.main_path is not None:
-        _run_main_script(header.main_path)
+        _run_main_script(header.main_path, header.main_package)
     with open(spec_path, "rb") as f:
         f.seek(spec_offset)
         tuner_class, args, kwargs, fit_args, fit_kwargs = pickle.load(f)
