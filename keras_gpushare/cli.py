@@ -179,14 +179,38 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--microbatches", type=int, default=1, help="micro-batches per batch")
     p.add_argument("--batch-size", type=int, default=32, help="batch size for the memory estimate")
+    p.add_argument(
+        "--logical-cpus",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="first carve the CPU into N logical CPUs, /CPU:0 .. /CPU:N-1, to plan over",
+    )
+    p.add_argument(
+        "--split-gpu",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="first carve each GPU into K logical GPUs, as kg.share_gpu(split=K)",
+    )
+    p.add_argument(
+        "--memory-limit-mb",
+        type=_positive_int,
+        default=None,
+        metavar="M",
+        help="memory of each logical GPU made by --split-gpu, in MiB",
+    )
     p.set_defaults(func=_run_plan)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    _make_logical_devices(args)
     import keras
 
     import keras_gpushare as kg
 
+    if args.devices is not None:
+        _check_plan_devices(args.devices.split(","))
     model = keras.models.load_model(args.model, compile=False)
     if args.devices is None and not isinstance(model, kg.PlacedModel):
         raise ValueError(
@@ -206,6 +230,72 @@ def _run_plan(args: argparse.Namespace) -> int:
         )
     print(model.get_plan(batch_size=args.batch_size))
     return 0
+
+
+def _make_logical_devices(args: argparse.Namespace) -> None:
+    """Carves the logical devices `plan` was asked for, before TensorFlow initializes."""
+    import tensorflow as tf
+
+    from keras_gpushare.devices import share_gpu, split_cpu
+
+    if args.memory_limit_mb is not None and args.split_gpu is None:
+        raise ValueError(
+            "Invalid option --memory-limit-mb without --split-gpu: it is the memory of each "
+            "logical GPU that --split-gpu makes. Add --split-gpu K, or drop it."
+        )
+    if args.split_gpu is not None:
+        if not tf.config.list_physical_devices("GPU"):
+            raise ValueError(
+                f"Invalid option --split-gpu {args.split_gpu}: this machine has no GPU to "
+                f"split. Plan over logical CPUs instead: --logical-cpus {args.split_gpu} "
+                "with --devices /CPU:0,/CPU:1,... (the stages are the same)."
+            )
+        if args.memory_limit_mb is None:
+            raise ValueError(
+                f"Invalid option --split-gpu {args.split_gpu} without --memory-limit-mb: "
+                "logical GPUs need a memory limit each. Add e.g. --memory-limit-mb 4096 "
+                "(the logical GPUs of one GPU must fit in its memory together)."
+            )
+        share_gpu(split=args.split_gpu, memory_limit_mb=args.memory_limit_mb)
+    if args.logical_cpus is not None:
+        split_cpu(args.logical_cpus)
+
+
+def _check_plan_devices(devices: list[str]) -> None:
+    """Says which `plan` option makes the devices TensorFlow lacks, before loading."""
+    import tensorflow as tf
+
+    from keras_gpushare.placement._graph import available_devices
+
+    known = available_devices()
+    missing, needed = [], {}
+    for device in devices:
+        try:
+            spec = tf.DeviceSpec.from_string(device)
+        except (ValueError, TypeError):
+            continue  # not a device name: split_model says so
+        kind, index = (spec.device_type or "").upper(), spec.device_index or 0
+        if kind and f"/{kind}:{index}" not in known:
+            missing.append(device)
+            needed[kind] = max(needed.get(kind, 0), index + 1)
+    if not missing:
+        return
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    if "GPU" in needed and not gpus:
+        cpus = ",".join(f"/CPU:{i}" for i in range(len(devices)))
+        fix = (
+            f"--devices {cpus} --logical-cpus {len(devices)} (this machine has no GPU; the "
+            "stages are the same)"
+        )
+    else:
+        fixes = [f"--logical-cpus {needed['CPU']}"] if "CPU" in needed else []
+        if "GPU" in needed:
+            fixes.append(f"--split-gpu {-(-needed['GPU'] // gpus)} --memory-limit-mb M")
+        fix = " and ".join(fixes)
+    raise ValueError(
+        f"Invalid value for --devices: TensorFlow has no device {', '.join(missing)}; it "
+        f"sees {known}. Make the logical devices to plan over with {fix}."
+    )
 
 
 def _add_workers(subparsers: argparse._SubParsersAction) -> None:

@@ -66,11 +66,7 @@ def share_gpu(
         if gpus:
             _configure_gpus(gpus, memory_growth, split, memory_limit_mb)
         elif split is not None:
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(split)]
-            )
-            logger.info("No GPU: carved the CPU into %d logical CPUs.", split)
+            split_cpu(split)
     except RuntimeError as e:
         raise RuntimeError(
             "`kg.share_gpu()` was called after TensorFlow initialized its devices, when "
@@ -80,6 +76,27 @@ def share_gpu(
         ) from None
     kind = "GPU" if gpus else "CPU"
     return [f"/{kind}:{i}" for i in range(len(tf.config.list_logical_devices(kind)))]
+
+
+def split_cpu(count: int) -> list[str]:
+    """Carves the CPU into `count` logical CPUs, before TensorFlow initializes its devices.
+
+    `kg.share_gpu(split=k)` does this on a machine with no GPU; `keras-gpushare plan
+    --logical-cpus N` does it on any machine, so a plan can be made over `/CPU:0` ..
+    `/CPU:N-1`. Once TensorFlow has initialized its devices it raises a `RuntimeError`.
+
+    Args:
+        count: Number of logical CPUs.
+
+    Returns:
+        Their names, `["/CPU:0", ..., f"/CPU:{count - 1}"]`.
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+    )
+    logger.info("Carved the CPU into %d logical CPUs.", count)
+    return [f"/CPU:{i}" for i in range(count)]
 
 
 def _configure_gpus(

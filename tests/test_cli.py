@@ -34,3 +34,37 @@ def test_workers_runs_the_command_as_local_workers(tmp_path):
 def test_workers_exit_status_is_the_failed_workers(tmp_path):
     argv = ["workers", "--log-dir", str(tmp_path), "--", sys.executable, "-c", "exit(7)"]
     assert cli.main(argv) == 7
+
+
+def _plan(tmp_path, *options):
+    import keras
+
+    path = tmp_path / "mlp.keras"
+    keras.Sequential(
+        [keras.Input((8,))] + [keras.layers.Dense(4, name=f"d{i}") for i in range(3)]
+    ).save(path)
+    return subprocess.run(
+        [sys.executable, "-m", "keras_gpushare.cli", "plan", str(path), *options],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+
+
+def test_plan_over_logical_cpus_made_by_the_command(tmp_path):
+    # A fresh process sees one CPU; --logical-cpus makes the second before TensorFlow starts.
+    result = _plan(
+        tmp_path, "--devices", "/CPU:0,/CPU:1", "--logical-cpus", "2", "--balance", "1,2"
+    )
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()[3:]
+    assert [row.split()[:3] for row in rows] == [["0", "/CPU:0", "1"], ["1", "/CPU:1", "2"]]
+    assert rows[1].endswith("d1 .. d2")
+
+
+def test_plan_over_missing_devices_names_the_option_that_makes_them(tmp_path):
+    result = _plan(tmp_path, "--devices", "/CPU:0,/CPU:1")
+    assert result.returncode == 2
+    assert "no device /CPU:1" in result.stderr
+    assert "--logical-cpus 2" in result.stderr
+    assert "share_gpu" not in result.stderr
