@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -146,8 +147,9 @@ class PlacedModel(keras.Model):
         inputs: The model's input tensor(s), as for `keras.Model(inputs, outputs)`.
         outputs: The model's output tensor(s).
         name: Name of the model. Defaults to `None`.
-        microbatches: Number of micro-batches each training batch is cut into; batch sizes
-            must be multiples of it. Defaults to `1`.
+        microbatches: Number of micro-batches each training batch is cut into, as equal
+            as the batch allows (a batch of 6 in 4: 2, 2, 1, 1 rows); every batch needs at
+            least as many rows. Defaults to `1`.
         recompute: Whether to keep only the activations at stage borders and recompute
             each stage's forward during its backward (re-materialization), trading about
             a third more compute for activation memory. Defaults to `False`.
@@ -300,7 +302,7 @@ class PlacedModel(keras.Model):
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, **kwargs: Any):
         check_no_strategy("fitting a `PlacedModel`", self._devices)
-        _check_microbatches(x, batch_size, self.microbatches)
+        _check_microbatches(x, batch_size, self.microbatches, kwargs, self)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def get_config(self) -> dict[str, Any]:
@@ -314,32 +316,62 @@ class PlacedModel(keras.Model):
         return config
 
 
-def _check_microbatches(x: Any, batch_size: int | None, microbatches: int) -> None:
-    """Checks, before training, that every batch cuts into `microbatches` equal parts."""
+def _check_microbatches(
+    x: Any, batch_size: int | None, microbatches: int, fit_kwargs: dict[str, Any], model: Any
+) -> None:
+    """Checks, before training, that every batch `fit` reaches fills all micro-batches.
+
+    A batch of `B >= microbatches` rows is cut into micro-batches of `B // microbatches` or
+    one row more (the pipeline weighs each one's loss by its rows); a batch with fewer rows
+    would leave a micro-batch empty. A short last batch is only refused when `fit` reaches
+    it: with `steps_per_epoch`, Keras carries its iterator over epochs, so the last of `n`
+    batches is reached once `steps_per_epoch` (rounded up to `steps_per_execution`) times
+    the epochs run is at least `n`.
+    """
     if microbatches == 1 or x is None:
         return
     if isinstance(x, tf.data.Dataset):
-        sizes = [tree.flatten(x.element_spec)[0].shape[0]]
-        if sizes[0] is None:
-            return
-        n = None
-    else:
-        leaves = [t for t in tree.flatten(x) if hasattr(t, "shape")]
-        if not leaves:
-            return
-        n = int(leaves[0].shape[0])
-        batch = batch_size or 32
-        sizes = [batch] + ([n % batch] if n % batch else [])
-    bad = [s for s in sizes if s % microbatches]
-    if bad:
-        good = max(microbatches, (sizes[0] // microbatches) * microbatches)
-        hint = f"batch_size={good}"
-        if n is not None and n % good:
-            hint += f" and {n - n % good} samples (drop the last {n % good})"
+        first = tree.flatten(x.element_spec)[0].shape[0]
+        if first is not None and first < microbatches:
+            raise ValueError(
+                f"Invalid batch for `microbatches={microbatches}`: the dataset's batches of "
+                f"{first} samples do not fill {microbatches} micro-batches. Batch it with "
+                f"at least {microbatches} samples per batch."
+            )
+        return
+    leaves = [t for t in tree.flatten(x) if hasattr(t, "shape")]
+    if not leaves:
+        return
+    n = int(leaves[0].shape[0])
+    split = fit_kwargs.get("validation_split") or 0.0
+    if split and fit_kwargs.get("validation_data") is None:
+        n = int(math.floor(n * (1.0 - split)))
+    if n == 0:
+        return
+    batch = batch_size or 32
+    batches = -(-n // batch)
+    first, last = min(batch, n), n - (batches - 1) * batch
+    if first < microbatches:
         raise ValueError(
-            f"Invalid batch for `microbatches={microbatches}`: batches of "
-            f"{sizes if n is None else f'{bad[0]} samples'} do not cut into {microbatches} "
-            f"equal micro-batches (batch_size={batch_size}, samples={n}). Pass {hint}, or "
-            f"batch a tf.data.Dataset with a multiple of {microbatches} and "
-            "`drop_remainder=True`."
+            f"Invalid value for argument `batch_size`: batches of {first} samples do not "
+            f"fill `microbatches={microbatches}` micro-batches (batch_size={batch_size}, "
+            f"samples={n}). Pass batch_size={microbatches} or more."
         )
+    if last < microbatches and _reaches_last_batch(fit_kwargs, batches, model):
+        raise ValueError(
+            f"Invalid batch for `microbatches={microbatches}`: the last batch of {last} "
+            f"samples does not fill {microbatches} micro-batches (batch_size={batch}, "
+            f"samples={n}). Pass {n - last} samples (drop the last {last}), a `batch_size` "
+            f"whose last batch has at least {microbatches} samples, or a `steps_per_epoch` "
+            "that stops before the last batch."
+        )
+
+
+def _reaches_last_batch(fit_kwargs: dict[str, Any], batches: int, model: Any) -> bool:
+    steps = fit_kwargs.get("steps_per_epoch")
+    if steps is None:
+        return True
+    per_execution = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+    per_epoch = -(-int(steps) // per_execution) * per_execution
+    epochs = int(fit_kwargs.get("epochs", 1)) - int(fit_kwargs.get("initial_epoch", 0))
+    return per_epoch * epochs >= batches

@@ -53,16 +53,29 @@ def placed_forward(
     return [values[id(t)] for t in model.outputs]
 
 
-def _split(structure: Any, microbatches: int) -> list[Any]:
-    """Splits every tensor of a structure along axis 0 into `microbatches` equal parts."""
+def _split(structure: Any, sizes: Any) -> list[Any]:
+    """Splits every tensor of a structure along axis 0 into parts of the given `sizes`."""
     if structure is None:
-        return [None] * microbatches
+        return [None] * len(sizes)
     flat = tree.flatten(structure)
-    parts = [tf.split(t, microbatches, axis=0) if t is not None else None for t in flat]
+    parts = [tf.split(t, sizes, axis=0) if t is not None else None for t in flat]
     return [
         tree.pack_sequence_as(structure, [p[j] if p is not None else None for p in parts])
-        for j in range(microbatches)
+        for j in range(len(sizes))
     ]
+
+
+def microbatch_sizes(batch: int | tf.Tensor, microbatches: int) -> list[Any]:
+    """Rows of each micro-batch of a batch: as equal as possible, the larger ones first.
+
+    A batch of 6 rows in 4 micro-batches gives `[2, 2, 1, 1]` (as `numpy.array_split` and
+    torchgpipe's uneven `chunk`). `batch` is an int when the batch size is static, else a
+    scalar tensor; the sizes are then tensors too.
+    """
+    quotient, remainder = batch // microbatches, batch % microbatches
+    if isinstance(batch, int):
+        return [quotient + (1 if j < remainder else 0) for j in range(microbatches)]
+    return [quotient + tf.cast(j < remainder, batch.dtype) for j in range(microbatches)]
 
 
 def _sum(grads: list[Any]) -> Any:
@@ -74,17 +87,25 @@ def _sum(grads: list[Any]) -> Any:
     return tf.add_n([tf.convert_to_tensor(g) for g in grads])
 
 
-def _check_batch(x_flat: list[tf.Tensor], microbatches: int) -> list[tf.Tensor]:
-    batch = tf.shape(x_flat[0])[0]
+def _batch_size(x_flat: list[tf.Tensor], microbatches: int) -> int | tf.Tensor:
+    """The batch size, static when known; a batch with fewer rows than micro-batches fails."""
+    static = x_flat[0].shape[0]
+    if microbatches == 1:
+        return int(static) if static is not None else tf.shape(x_flat[0])[0]
     message = (
-        f"Invalid batch for `microbatches={microbatches}`: every batch size, the last "
-        f"partial batch included, must be a multiple of {microbatches}. Pass a "
-        f"`batch_size` that is a multiple of {microbatches} and a sample count that is a "
-        "multiple of the batch size, or batch a tf.data.Dataset with `drop_remainder=True`."
+        f"Invalid batch for `microbatches={microbatches}`: a batch of fewer than "
+        f"{microbatches} samples leaves a micro-batch empty. Pass a `batch_size` of at "
+        f"least {microbatches} and drop a last batch of fewer than {microbatches} samples, "
+        "or batch a tf.data.Dataset with `drop_remainder=True`."
     )
-    check = tf.debugging.assert_equal(batch % microbatches, 0, message=message)
+    if static is not None:
+        if static < microbatches:
+            raise ValueError(f"{message} Received a batch of {static} samples.")
+        return int(static)
+    batch = tf.shape(x_flat[0])[0]
+    check = tf.debugging.assert_greater_equal(batch, microbatches, message=message)
     with tf.control_dependencies([check]):
-        return [tf.identity(t) for t in x_flat]
+        return tf.identity(batch)
 
 
 class _Microbatch:
@@ -109,12 +130,12 @@ def pipelined_train_step(
     first, last = stages[0].device, stages[-1].device
     with tf.device(first):
         x_flat = _upstream.standardize_inputs(model, x)
-        if microbatches > 1:
-            x_flat = _check_batch(x_flat, microbatches)
-        x_parts = [tf.split(t, microbatches, axis=0) for t in x_flat]
+        batch = _batch_size(x_flat, microbatches)
+        sizes = microbatch_sizes(batch, microbatches)
+        x_parts = [tf.split(t, sizes, axis=0) for t in x_flat]
     with tf.device(last):
-        y_parts = _split(y, microbatches)
-        sw_parts = _split(sample_weight, microbatches)
+        y_parts = _split(y, sizes)
+        sw_parts = _split(sample_weight, sizes)
     losses, y_preds = [], []
     grads: list[dict[int, list[Any]]] = [{} for _ in stages]
     for j in range(microbatches):
@@ -134,7 +155,9 @@ def pipelined_train_step(
                 loss = _upstream.compute_loss(
                     model, x_j, y_parts[j], y_pred, sw_parts[j], training=True
                 )
-                loss = loss / microbatches
+                # Micro-batch j's mean loss weighs by its share of the batch's rows, so
+                # the sum is the batch's mean loss also when the micro-batches are uneven.
+                loss = loss * (tf.cast(sizes[j], loss.dtype) / tf.cast(batch, loss.dtype))
                 scaled = model.optimizer.scale_loss(loss) if model.optimizer else loss
             losses.append(loss)
             all_grads = tape.gradient(scaled, watched)
