@@ -1,8 +1,11 @@
+import importlib.metadata
 import subprocess
 import sys
 
+import pytest
 from hang_guard import HANG_GUARD_S
 
+import keras_gpushare_cli
 from keras_gpushare import cli
 
 
@@ -15,6 +18,39 @@ def test_console_script_help_runs():
     )
     assert result.returncode == 0
     assert "keras-gpushare" in result.stdout
+
+
+_FRAMEWORKS = ("keras", "tensorflow", "jax", "torch", "keras_gpushare")
+_HELP_IMPORTS = """
+import sys
+import keras_gpushare_cli
+try:
+    keras_gpushare_cli.main(sys.argv[1:])
+except SystemExit as e:
+    assert e.code == 0, e.code
+print(sorted(name for name in {frameworks} if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("command", ["", "bench", "monitor", "plan", "autopack", "workers"])
+def test_help_imports_no_framework(command):
+    # `keras-gpushare --help` took 8-11 s when it imported the package (and TensorFlow).
+    code = _HELP_IMPORTS.format(frameworks=_FRAMEWORKS)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *command.split(), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"usage: keras-gpushare {command}".strip() in result.stdout
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_console_script_is_the_framework_free_parser():
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="keras-gpushare")
+    assert script.value == "keras_gpushare_cli:main"
+    assert cli.main is keras_gpushare_cli.main
 
 
 def test_help_lists_every_command(capsys):
