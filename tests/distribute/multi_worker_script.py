@@ -1,15 +1,16 @@
 """One worker of the multi-worker tests (run by `kg.run_local_workers`, never by pytest).
 
-Trains a 3-member pack under `MultiWorkerMirroredStrategy` and leaves in `--out`: its
-progress (`progress-w{task}-a{attempt}.json`, with its pid, after every batch), its
+Trains a 3-member pack under `MultiWorkerMirroredStrategy` and leaves in `--out` its
 members' final weights and state (`result-w{task}.npz` / `.json`) and the pack saved by
-`pack.save` on every worker (only the chief's file may appear).
+`pack.save` on every worker (only the chief's file may appear). With `--kill-at WORKER EPOCH
+BATCH`, that worker of the first attempt kills itself (SIGKILL) at the end of that batch,
+after writing `killed-w{task}.json` (the epoch and batch).
 """
 
 import argparse
 import json
 import os
-import time
+import signal
 
 import keras
 import numpy as np
@@ -25,19 +26,24 @@ def _write_json(path, value):
     os.replace(tmp, path)
 
 
-class Progress(keras.callbacks.Callback):
-    def __init__(self, path, pause):
+class KillAt(keras.callbacks.Callback):
+    """Kills this process with SIGKILL at the end of batch `batch` of epoch `epoch`, after
+    writing them to `path`."""
+
+    def __init__(self, path, epoch, batch):
         super().__init__()
         self.path = path
-        self.pause = pause
+        self.kill_epoch = epoch
+        self.kill_batch = batch
         self.epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        _write_json(self.path, {"pid": os.getpid(), "epoch": self.epoch, "batch": batch})
-        time.sleep(self.pause)
+        if (self.epoch, batch) == (self.kill_epoch, self.kill_batch):
+            _write_json(self.path, {"epoch": self.epoch, "batch": batch})
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main():
@@ -47,7 +53,13 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--backup")
     parser.add_argument("--min-delta", type=float, help="MemberEarlyStopping's min_delta")
-    parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument(
+        "--kill-at",
+        type=int,
+        nargs=3,
+        metavar=("WORKER", "EPOCH", "BATCH"),
+        help="the worker of the first attempt that kills itself, and when",
+    )
     args = parser.parse_args()
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -76,7 +88,9 @@ def main():
             loss="binary_crossentropy",
             metrics=["accuracy"],
         )
-    callbacks = [Progress(os.path.join(args.out, f"progress-w{task}-a{attempt}.json"), args.pause)]
+    callbacks = []
+    if args.kill_at is not None and args.kill_at[0] == task and attempt == 0:
+        callbacks.append(KillAt(os.path.join(args.out, f"killed-w{task}.json"), *args.kill_at[1:]))
     if args.backup:
         callbacks.append(keras.callbacks.BackupAndRestore(args.backup))
     if args.min_delta is not None:

@@ -5,11 +5,7 @@ loopback ports), as a user would; each run takes about 15 s on two cores.
 """
 
 import json
-import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import keras
@@ -90,40 +86,24 @@ def test_member_early_stopping_is_agreed_across_workers(tmp_path):
     _assert_same_weights(weights0, weights1)
 
 
-def _kill_worker_mid_epoch(out: Path, done: threading.Event) -> None:
-    """Kills worker 1 of the first attempt in the middle of its second epoch."""
-    progress = out / "progress-w1-a0.json"
-    while not done.is_set():
-        try:
-            state = json.loads(progress.read_text())
-        except (OSError, ValueError):
-            state = None
-        if state and state["epoch"] == 1 and state["batch"] >= 2:
-            os.kill(state["pid"], signal.SIGKILL)
-            return
-        time.sleep(0.05)
-
-
 def test_killed_worker_restarts_and_training_resumes_from_the_backup(tmp_path, uninterrupted):
     backup = tmp_path / "backup"
-    done = threading.Event()
-    killer = threading.Thread(target=_kill_worker_mid_epoch, args=(tmp_path / "run", done))
-    killer.start()
-    try:
-        code = _run(
-            tmp_path / "run",
-            "--engine",
-            "fused",
-            "--backup",
-            str(backup),
-            "--pause",
-            "0.3",
-            max_restarts=1,
-        )
-    finally:
-        done.set()
-        killer.join()
+    # Worker 1 of the first attempt kills itself after the third batch of the second epoch.
+    code = _run(
+        tmp_path / "run",
+        "--engine",
+        "fused",
+        "--backup",
+        str(backup),
+        "--kill-at",
+        "1",
+        "1",
+        "2",
+        max_restarts=1,
+    )
     assert code == 0
+    killed = json.loads((tmp_path / "run" / "killed-w1.json").read_text())
+    assert killed == {"epoch": 1, "batch": 2}
     (info0, weights0), (info1, weights1) = (
         _result(tmp_path / "run", 0),
         _result(tmp_path / "run", 1),
