@@ -4,6 +4,7 @@ argument errors. The search's decisions are tested with a fake in test_autopack_
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ def _oom(size):
 def test_finds_a_pack_larger_than_one_and_reports_what_it_measured():
     x, y = _data()
     seen = []
+    started = time.perf_counter()
     result = kg.find_pack_size(
         tiny_mlp,
         x,
@@ -44,25 +46,34 @@ def test_finds_a_pack_larger_than_one_and_reports_what_it_measured():
         min_gain=0.0,
         progress=seen.append,
     )
+    search_seconds = time.perf_counter() - started
     assert result.measurements == seen
-    # One member trains on the graph engine (fuse="auto" has nothing to fuse it with); the
-    # packs fuse, so one member is measured fused as well, to compare on one engine.
+    # Every size up to max_members is measured, each as soon as it is taken. One member
+    # trains on the graph engine (fuse="auto" has nothing to fuse it with); the packs fuse,
+    # so one member is measured fused as well, to compare on one engine.
     assert [(row.members, row.engine) for row in seen] == [
         (1, "graph"),
         (1, "fused"),
         (2, "fused"),
         (4, "fused"),
-    ][: len(seen)]
+    ]
     suggested = result.suggested()
     assert (suggested.members, suggested.engine) == (result.pack_size, result.engine)
     assert suggested.samples_per_s == max(r.samples_per_s for r in seen)  # min_gain=0
     for row in seen:
         assert row.status == "ok"
-        assert row.samples_per_s > 0 and row.seconds > 0
+        assert row.samples_per_s > 0
         assert row.timed_epochs >= 5 and row.spread >= 0
+        # `seconds` is the size's whole wall time (what the search budgets the next size
+        # by): it holds the timed epochs, at least half of which last the median epoch
+        # that gives `samples_per_s`.
+        median_epoch_s = row.members * len(x) / row.samples_per_s
+        assert row.seconds > math.ceil(row.timed_epochs / 2) * median_epoch_s
         assert math.isclose(row.per_member, row.samples_per_s / row.members)
         assert row.memory_mib >= 0 and 0 < row.memory_fraction < 1
         assert math.isnan(row.gpu_util) != bool(GPUS)  # NVML figures with a GPU only
+    # ... and only that size's: the sizes, measured one after another, fit in the search.
+    assert sum(row.seconds for row in seen) <= search_seconds
     if GPUS:
         assert result.device.startswith("GPU") and result.memory_kind == "GPU memory peak"
     else:

@@ -1,7 +1,6 @@
 """ParallelOracle: trials K at a time, no lock left held, no busy waiting on IDLE."""
 
 import threading
-import time
 
 import keras_tuner
 import pytest
@@ -42,19 +41,29 @@ def test_lock_is_released_when_the_oracle_raises(tmp_path):
 
 
 class _IdleWhileRunning(keras_tuner.oracles.RandomSearchOracle):
-    """Answers IDLE while any trial runs, like Hyperband between rounds; counts the asks."""
+    """Answers IDLE while any trial runs, like Hyperband between rounds; keeps its answers.
 
-    asks = 0
+    `idle_answered` is set at the first IDLE answer, `asked_again` at any later one.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.answers = []
+        self.idle_answered = threading.Event()
+        self.asked_again = threading.Event()
 
     def populate_space(self, trial_id):
-        type(self).asks += 1
         if self.ongoing_trials:
+            (self.asked_again if self.idle_answered.is_set() else self.idle_answered).set()
+            self.answers.append("IDLE")
             return {"status": "IDLE"}
+        self.answers.append("RUNNING")
         return super().populate_space(trial_id)
 
 
 def test_wait_for_trial_sleeps_until_a_trial_ends(tmp_path):
-    oracle = _oracle(tmp_path, _IdleWhileRunning(objective="loss", max_trials=5, seed=1))
+    inner = _IdleWhileRunning(objective="loss", max_trials=5, seed=1)
+    oracle = _oracle(tmp_path, inner)
     first = oracle.create_trial("t0")
     got = {}
 
@@ -63,15 +72,17 @@ def test_wait_for_trial_sleeps_until_a_trial_ends(tmp_path):
 
     thread = threading.Thread(target=ask)
     thread.start()
-    time.sleep(0.5)
-    assert thread.is_alive()
-    asks_while_waiting = _IdleWhileRunning.asks
+    assert inner.idle_answered.wait(HANG_GUARD_S), "wait_for_trial never asked the oracle"
+    # While the first trial runs, the waiter sleeps: a polling waiter would ask again.
+    assert not inner.asked_again.wait(0.5), f"asked again while waiting: {inner.answers}"
+    assert "trial" not in got
     oracle.update_trial(first.trial_id, {"loss": 0.5})
     first.status = "COMPLETED"
     oracle.end_trial(first)
     thread.join(HANG_GUARD_S)
     assert got["trial"].status == "RUNNING"
-    assert asks_while_waiting <= 3
+    # t0's ask, the waiter's IDLE answer, then one ask when the first trial ended.
+    assert inner.answers == ["RUNNING", "IDLE", "RUNNING"]
 
 
 def test_end_trial_saves_state_without_the_ended_trial(tmp_path):
