@@ -3,7 +3,6 @@
 import csv
 import logging
 import math
-import textwrap
 
 import keras
 import pytest
@@ -338,21 +337,3 @@ def test_every_hook_the_logger_relies_on_fires_under_fit(fake_nvml):
 
     fit(Spy(interval=0.02, every=1), epochs=1, steps=2)
     assert calls == ["train_begin", "batch_end", "batch_end", "epoch_end", "train_end"]
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        "keras_gpushare.monitor.callback.UtilizationLogger",
-        "keras_gpushare.monitor.nvml.NvmlReader",
-        "keras_gpushare.monitor.sampler.Sampler",
-        "keras_gpushare.monitor._table.LiveTable",
-    ],
-)
-def test_docstring_examples_run(fake_nvml, path):
-    import importlib
-
-    module, name = path.rsplit(".", 1)
-    cls = getattr(importlib.import_module(module), name)
-    code = cls.__doc__.split("```python")[1].split("```")[0]
-    exec(compile(textwrap.dedent(code), f"<{name} example>", "exec"), {})
