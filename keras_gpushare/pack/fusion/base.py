@@ -1,10 +1,37 @@
 """The base class of fused layers: one layer holding N members' copies of a layer."""
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import keras
 import numpy as np
 from keras import ops
 
 from keras_gpushare.pack.fusion import layout as layout_lib
+
+# Set while the converter builds fused layers whose every weight it then overwrites with the
+# members' values: their initializers would only cost time (on JAX, one XLA compile of a
+# random draw per stacked shape), so the weights start as zeros made on the host.
+_MEMBERS_LOADED_AFTER = contextvars.ContextVar("members_loaded_after", default=False)
+
+
+@contextlib.contextmanager
+def members_loaded_after() -> Iterator[None]:
+    """Fused layers built inside skip their weights' initializers (the caller loads them)."""
+    token = _MEMBERS_LOADED_AFTER.set(True)
+    try:
+        yield
+    finally:
+        _MEMBERS_LOADED_AFTER.reset(token)
+
+
+def host_zeros(shape, dtype=None):
+    """An initializer: zeros made with NumPy, which no backend compiles a program for."""
+    try:
+        return np.zeros(shape, dtype=np.dtype(keras.backend.standardize_dtype(dtype)))
+    except TypeError:
+        return np.zeros(shape, dtype="float32")
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
@@ -125,6 +152,12 @@ class FusedLayer(keras.layers.Layer):
         self.n_members = int(n_members)
         self.member_config = dict(member_config)
         self.input_stacked = input_stacked
+
+    def add_weight(self, shape=None, initializer=None, *args, **kwargs):
+        """`keras.layers.Layer.add_weight`; host zeros when the converter loads members after."""
+        if _MEMBERS_LOADED_AFTER.get():
+            initializer = host_zeros
+        return super().add_weight(shape, initializer, *args, **kwargs)
 
     @classmethod
     def member_keys(cls):

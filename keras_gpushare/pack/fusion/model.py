@@ -9,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare.pack.fusion import converter
+from keras_gpushare.pack.fusion.base import members_loaded_after
 from keras_gpushare.pack.fusion.report import inspect_members
 
 logger = logging.getLogger(__name__)
@@ -209,7 +210,8 @@ def fuse_planned(
     members: Sequence[keras.Model], plan: Any, input_mode: str = "replicate"
 ) -> FusedModel:
     """`build_fused_model` for members already inspected: `plan` is their `FusionPlan`."""
-    graph, layer_index = converter.build_graph(plan, len(members), input_mode)
+    with members_loaded_after():
+        graph, layer_index = converter.build_graph(plan, len(members), input_mode)
     fused = FusedModel(
         graph,
         n_members=len(members),

@@ -17,6 +17,7 @@ from keras_gpushare.pack.fusion._member_settings import (
     member_settings,
     outside_groups,
 )
+from keras_gpushare.pack.fusion.base import host_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         )
 
     # Configuration -------------------------------------------------------------------
+
+    def add_variable(self, shape, initializer="zeros", *args, **kwargs):
+        """Keras's `add_variable`; zeros are made on the host (no program per slot shape)."""
+        if isinstance(initializer, str) and initializer == "zeros":
+            initializer = host_zeros
+        return super().add_variable(shape, initializer, *args, **kwargs)
 
     def set_variable_groups(self, variable_groups):
         """Says which group each stacked variable belongs to.
