@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import numbers
 import os
+import threading
 import warnings
+import weakref
 from typing import Any
 
 import keras
@@ -18,6 +21,13 @@ from keras_gpushare.monitor.sampler import Sampler
 logger = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 30.0
+
+# The samplers of fits that began and whose `on_train_end` has not run, process-wide: the
+# thread that ran the fit's `on_train_begin` and its stack depth there (`_stop_ended_fits`).
+_running: weakref.WeakKeyDictionary[Sampler, tuple[threading.Thread, int]] = (
+    weakref.WeakKeyDictionary()
+)
+_running_lock = threading.Lock()
 
 
 class UtilizationLogger(keras.callbacks.Callback):
@@ -118,6 +128,8 @@ class UtilizationLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._stop_sampler()  # a sampler left by a fit that raised
+        here, depth = threading.current_thread(), _stack_depth()
+        _stop_ended_fits(here, depth)
         self.advice = None
         self.epoch_samples = []
         self.batch_samples = []
@@ -136,9 +148,12 @@ class UtilizationLogger(keras.callbacks.Callback):
         )
         if probe:
             self._footprint = probe[1]
-        sampler = Sampler(reader, self.interval, windows=("epoch", "batch", "fit"))
+        # The sampler holds this callback weakly and stops once it is collected.
+        sampler = Sampler(reader, self.interval, windows=("epoch", "batch", "fit"), owner=self)
         sampler.start(ready_timeout=_READY_TIMEOUT_S)
         self._sampler = sampler
+        with _running_lock:
+            _running[sampler] = (here, depth)
         self.monitored_devices = [d.describe() for d in reader.devices]
         for d in self.monitored_devices:
             logger.info(
@@ -222,6 +237,8 @@ class UtilizationLogger(keras.callbacks.Callback):
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
+            with _running_lock:
+                _running.pop(sampler, None)
             sampler.stop()
             self._drain(sampler)
 
@@ -249,6 +266,41 @@ class UtilizationLogger(keras.callbacks.Callback):
                     text,
                     exc_info=(type(error), error, error.__traceback__),
                 )
+
+
+def _stack_depth() -> int:
+    """The number of frames on the calling thread's stack, counted by that thread itself
+    (as `traceback.extract_stack` does); another thread's frames are never read."""
+    depth = 0
+    frame = inspect.currentframe()
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    return depth
+
+
+def _stop_ended_fits(here: threading.Thread, depth: int) -> None:
+    """Stops the samplers of fits that can no longer be running: a fit that raised never
+    calls `on_train_end`, so its sampler would sample until the interpreter exits.
+
+    A fit began on thread `t` at stack depth `d` (of its `on_train_begin`) can no longer be
+    running when `t` has ended, or when `t` is the thread beginning a fit now at depth
+    `depth <= d`: a fit that is still running on this thread encloses the new one (a
+    callback of it calls `fit`), so the new one begins deeper. Fits on other live threads
+    are left alone; a sampler whose callback was collected has stopped by itself.
+    """
+    with _running_lock:
+        ended = [
+            sampler
+            for sampler, (thread, begun_at) in list(_running.items())
+            if not sampler.alive or not thread.is_alive() or (thread is here and begun_at >= depth)
+        ]
+        for sampler in ended:
+            del _running[sampler]
+    for sampler in ended:
+        if sampler.alive:
+            logger.debug("stopping the sampler of a fit that ended without on_train_end")
+        sampler.stop()
 
 
 def _check_interval(interval: Any) -> float:

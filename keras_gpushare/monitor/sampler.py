@@ -6,8 +6,10 @@ and minima, so a figure is exact however long the window, plus the first samples
 that the figures can be checked against what NVML returned.
 
 Ending. `stop()` ends the thread; `on_train_end` calls it. Keras's `fit` has no `try/finally`,
-so when training raises `on_train_end` never runs: the callback stops such a leftover sampler
-at its next `on_train_begin`, and an `atexit` hook stops live samplers at interpreter exit.
+so when training raises `on_train_end` never runs: the next `on_train_begin` of any callback
+stops the samplers of fits that can no longer be running (`callback._stop_ended_fits`), a
+sampler whose owner (the callback, held weakly) is collected stops by itself, and an `atexit`
+hook stops live samplers at interpreter exit.
 The thread never reads another thread's frames (`sys._current_frames()` and `f_back`):
 sampling threads that do crash CPython 3.11 now and then, in its garbage collector or in
 `PyFrame_GetBack` (getsentry/sentry-python#2386, DataDog/dd-trace-py#13567), and did so once
@@ -128,6 +130,8 @@ class Sampler:
         reader: the `NvmlReader` to open and read on the thread.
         interval: seconds between samples, timed on a monotonic clock.
         windows: names of the windows every sample goes into. Defaults to `("epoch",)`.
+        owner: an object held weakly: the thread stops once it is collected. Defaults to
+            `None` (only `stop()` ends the thread).
 
     Example:
 
@@ -148,6 +152,7 @@ class Sampler:
         reader: NvmlReader,
         interval: float,
         windows: Sequence[str] = ("epoch",),
+        owner: object | None = None,
     ) -> None:
         self.reader = reader
         self.interval = float(interval)
@@ -169,6 +174,11 @@ class Sampler:
         self._carried: dict[str, float] = {}
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._owner: weakref.ref | None = None
+        if owner is not None:
+            # The callback sets the events only: it must not hold the sampler, nor join.
+            stop, wake = self._stop, self._wake
+            self._owner = weakref.ref(owner, lambda _: (stop.set(), wake.set()))
 
     # ------------------------------------------------------------------ training-thread API
 

@@ -1,6 +1,8 @@
 """The sampler thread ends after fit, at the next fit after one that raised, at exit; 100 fits
 leak none; it never reads another thread's frames."""
 
+import gc
+import math
 import os
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import keras
 import pytest
 from fake_nvml import h100s
 from hang_guard import HANG_GUARD_S
-from monitor_helpers import monitor_threads, tiny_data, tiny_model
+from monitor_helpers import join_monitor_threads, monitor_threads, tiny_data, tiny_model
 
 from keras_gpushare.callbacks import UtilizationLogger
 
@@ -130,3 +132,73 @@ def test_interpreter_exit_stops_a_running_sampler(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "alive True" in result.stdout
     assert "shutdowns 1" in result.stdout
+
+
+def test_fifty_fits_that_raise_each_with_a_new_logger_leave_at_most_one_sampler(fake_nvml):
+    # Each logger is kept (a KerasTuner trial's copy may be too): only the rule of the next
+    # on_train_begin bounds the threads, not the loggers' collection.
+    fake = fake_nvml(h100s(1))
+    model = tiny_model()
+    x, y = tiny_data()
+    loggers = []
+    for _ in range(50):
+        loggers.append(UtilizationLogger(interval=0.05, advise=False))
+        with pytest.raises(RuntimeError, match="boom"):
+            model.fit(x, y, batch_size=8, epochs=2, callbacks=[loggers[-1], Boom()], verbose=0)
+        assert len(monitor_threads()) <= 1
+    history = model.fit(x, y, batch_size=8, epochs=2, callbacks=[loggers[-1]], verbose=0)
+    assert len(history.history["gpu0_util"]) == 2
+    assert not monitor_threads()
+    assert fake.inits == fake.shutdowns == 51
+
+
+def test_a_sampler_stops_when_its_logger_is_collected(fake_nvml):
+    fake = fake_nvml(h100s(1))
+    util_logger = UtilizationLogger(interval=5.0)
+    util_logger.set_model(tiny_model())
+    util_logger.on_train_begin()  # as in a fit that raised: on_train_end never runs
+    assert len(monitor_threads()) == 1
+    del util_logger
+    gc.collect()
+    assert not join_monitor_threads()
+    assert fake.inits == fake.shutdowns == 1
+
+
+def test_a_fit_inside_a_monitored_fit_leaves_the_outer_sampler_running(fake_nvml):
+    # A callback that runs a whole fit of another model: the outer fit is still running
+    # when the inner one begins (deeper on the same thread), so its sampler goes on.
+    fake_nvml(h100s(1))
+    x, y = tiny_data()
+    outer = UtilizationLogger(interval=0.02, advise=False)
+    inner_history = []
+
+    class InnerFit(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            inner = UtilizationLogger(interval=0.02, advise=False)
+            history = tiny_model().fit(x, y, epochs=1, callbacks=[inner], verbose=0)
+            inner_history.append(history.history["gpu0_util"])
+            assert len(monitor_threads()) == 1  # the outer sampler
+
+    history = tiny_model().fit(x, y, epochs=2, callbacks=[outer, InnerFit()], verbose=0)
+    assert len(inner_history) == 2
+    assert all(math.isfinite(v) for v in history.history["gpu0_util"])
+    assert not monitor_threads()
+
+
+def test_a_fit_that_raised_on_an_ended_thread_is_stopped_by_the_next_fit(fake_nvml):
+    fake = fake_nvml(h100s(1))
+    x, y = tiny_data()
+    kept = []  # the logger outlives its thread, as a tuner's trial record may keep it
+
+    def failing_fit():
+        kept.append(UtilizationLogger(interval=0.05))
+        with pytest.raises(RuntimeError, match="boom"):
+            tiny_model().fit(x, y, batch_size=8, callbacks=[kept[0], Boom()], verbose=0)
+
+    worker = threading.Thread(target=failing_fit)
+    worker.start()
+    worker.join(HANG_GUARD_S)
+    assert kept and len(monitor_threads()) == 1
+    tiny_model().fit(x, y, epochs=1, callbacks=[UtilizationLogger(interval=0.05)], verbose=0)
+    assert not monitor_threads()
+    assert fake.inits == fake.shutdowns == 2
