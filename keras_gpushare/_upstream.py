@@ -218,6 +218,13 @@ def conv_transpose_padding_args(**kwargs: Any) -> Any:
 # ---------------------------------------------------------------- Keras: compile and losses
 
 
+def compile_arguments(model: keras.Model) -> dict[str, Any]:
+    """The arguments a compiled model's `compile` was given, as objects (the user's own loss
+    function or metric, unserialized; `{}` when it was not compiled): `_compile_config`."""
+    config = getattr(model, "_compile_config", None) if model.compiled else None
+    return {} if config is None else dict(config.config)
+
+
 def compile_loss(model: keras.Model) -> Any:
     """The `CompileLoss` that `compile(loss=...)` made (callable as `(y, y_pred, sw)`), or
     None: `_compile_loss`."""

@@ -539,6 +539,22 @@ def test_tf_distribute_internals():
     assert seen == ["MirroredStrategy"]
 
 
+@covers("compile_arguments")
+def test_compile_arguments_are_the_objects_compile_was_given():
+    def loss(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+    metric = keras.metrics.MeanAbsoluteError()
+    model = compiled_sequential(metrics=[metric])
+    assert _upstream.compile_arguments(model)["metrics"] == [metric]
+    model.compile(optimizer="sgd", loss=loss, loss_weights=[2.0])
+    arguments = _upstream.compile_arguments(model)
+    assert arguments["loss"] is loss and arguments["loss_weights"] == [2.0]
+    assert arguments["metrics"] is None
+    assert isinstance(arguments["optimizer"], keras.optimizers.SGD)
+    assert _upstream.compile_arguments(keras.Sequential()) == {}
+
+
 @covers("user_metrics")
 def test_user_metrics_are_the_compile_arguments():
     model = compiled_sequential(weighted_metrics=["mse"])

@@ -8,11 +8,14 @@ members before packing them expects. What no member gives falls back to Keras's 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import keras
+from keras import tree
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
 
@@ -20,11 +23,15 @@ _DEFAULT_OPTIMIZER = "rmsprop"
 
 
 def _own(member: keras.Model) -> dict:
-    """What `member` was compiled with (`{}` when it was not)."""
-    if not member.compiled:
-        return {}
-    config = keras.saving.deserialize_keras_object(member.get_compile_config())
-    config["optimizer"] = member.optimizer
+    """What `member` was compiled with, as the objects it was given (`{}` when it was not).
+
+    The objects themselves, not their serialized form: a loss function or metric class that
+    is not registered with Keras's serialization compiles (as in Keras, registration is
+    needed only to load a saved file).
+    """
+    config = _upstream.compile_arguments(member)
+    if config:
+        config["optimizer"] = member.optimizer
     return config
 
 
@@ -68,8 +75,11 @@ def member_args(
         members_lib.check_distinct_optimizers(optimizers)
     else:
         optimizers = members_lib.member_optimizers(optimizer, n)
-    metric_specs = members_lib.member_metrics(metrics, n)
-    weighted_specs = members_lib.member_metrics(weighted_metrics, n)
+    if keep_own:
+        metrics = [config.get("metrics") for config in own]
+        weighted_metrics = [config.get("weighted_metrics") for config in own]
+    metric_specs = _member_metrics(metrics, n)
+    weighted_specs = _member_metrics(weighted_metrics, n)
     result = []
     for i in range(n):
         args = {
@@ -83,7 +93,85 @@ def member_args(
             "auto_scale_loss": auto_scale_loss,
         }
         if keep_own:
-            for key in ("loss_weights", "metrics", "weighted_metrics"):
-                args[key] = own[i].get(key)
+            args["loss_weights"] = own[i].get("loss_weights")
         result.append(args)
     return result
+
+
+def _member_metrics(metrics: Any, n: int) -> list:
+    """Returns per-member metric specs; a metric object that more than one member would
+    get is copied for each of them (each member needs its own metric state).
+
+    A list whose items are themselves lists, dicts or None, with one item per member, is read
+    per member (`[["mae"], ["mse", "mae"]]`); anything else is one spec for all members. A
+    metric object that only one member gets is that member's, as `keras.Model.compile`
+    takes it.
+    """
+    nested = isinstance(metrics, (list, tuple)) and any(
+        isinstance(v, (list, tuple, dict)) or v is None for v in metrics
+    )
+    if nested and len(metrics) != n:
+        raise ValueError(
+            f"Invalid value for argument `metrics`: got {len(metrics)} per-member metric "
+            f"lists for {n} members. Pass one list of metrics for all members (e.g. "
+            f'["mae"]) or a list of {n} lists.'
+        )
+    specs = list(metrics) if nested else [metrics] * n
+    uses = Counter(
+        id(leaf)
+        for spec in specs
+        for leaf in tree.flatten(spec)
+        if isinstance(leaf, keras.metrics.Metric)
+    )
+    shared = {key for key, count in uses.items() if count > 1}
+
+    def own_state(leaf: Any) -> Any:
+        if isinstance(leaf, keras.metrics.Metric) and id(leaf) in shared:
+            return _clone_metric(leaf, n)
+        return leaf
+
+    return [tree.map_structure(own_state, spec) for spec in specs]
+
+
+def _clone_metric(metric: keras.metrics.Metric, n: int) -> keras.metrics.Metric:
+    """A fresh metric configured as `metric`, with its own state: `from_config(get_config())`
+    of its class.
+
+    Made without Keras's serialization registry: the functions and classes the metric holds
+    (a `MeanMetricWrapper`'s function) resolve by name from the metric itself, so an
+    unregistered metric copies as a registered one does. A copy that differs from `metric`
+    in a plain attribute (a constructor argument that `get_config` leaves out) is refused.
+
+    Raises:
+        ValueError: when the copy cannot be made faithfully, with the way out.
+    """
+    cls = type(metric)
+    held = {
+        value.__name__: value
+        for value in vars(metric).values()
+        if callable(value) and hasattr(value, "__name__")
+    }
+    call = f"`{cls.__name__}.from_config(metric.get_config())`"
+    try:
+        with keras.saving.custom_object_scope(held):
+            clone = cls.from_config(metric.get_config())
+    except (TypeError, ValueError) as e:
+        problem = f"{call} raised {e!r}"
+    else:
+        lost = sorted(
+            key
+            for key, value in vars(metric).items()
+            if isinstance(value, (bool, int, float, str, type(None)))
+            and key not in ("built", "_built")
+            and vars(clone).get(key, value) != value
+        )
+        if not lost:
+            return clone
+        problem = f"the copy {call} makes differs in {lost}"
+    raise ValueError(
+        f"Invalid value for argument `metrics`: one `{cls.__name__}` object ({metric.name!r}) "
+        "goes to more than one member, and each member needs its own metric state, but it "
+        f"cannot be copied: {problem}. Return every constructor argument from "
+        f"`{cls.__name__}.get_config()`, or pass one metric object per member: "
+        f"`metrics=[[{cls.__name__}(...)] for _ in range({n})]`."
+    )

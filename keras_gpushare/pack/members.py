@@ -124,36 +124,6 @@ def clone_optimizer(
     return optimizer.__class__.from_config(config)
 
 
-def member_metrics(metrics: Any, n: int) -> list:
-    """Returns per-member metric specs; stateful metric objects are copied per member.
-
-    A list whose items are themselves lists, dicts or None, with one item per member, is read
-    per member (`[["mae"], ["mse", "mae"]]`); anything else is one spec for all members.
-    """
-    nested = isinstance(metrics, (list, tuple)) and any(
-        isinstance(v, (list, tuple, dict)) or v is None for v in metrics
-    )
-    if nested:
-        if len(metrics) != n:
-            raise ValueError(
-                f"Invalid value for argument `metrics`: got {len(metrics)} per-member metric "
-                f"lists for {n} members. Pass one list of metrics for all members (e.g. "
-                f'["mae"]) or a list of {n} lists.'
-            )
-        return [_copy_metric_spec(v) for v in metrics]
-    return [_copy_metric_spec(metrics) for _ in range(n)]
-
-
-def _copy_metric_spec(spec: Any) -> Any:
-    if isinstance(spec, keras.metrics.Metric):
-        return keras.metrics.deserialize(keras.metrics.serialize(spec))
-    if isinstance(spec, (list, tuple)):
-        return type(spec)(_copy_metric_spec(s) for s in spec)
-    if isinstance(spec, dict):
-        return {k: _copy_metric_spec(v) for k, v in spec.items()}
-    return spec
-
-
 def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> list:
     """Returns per-member loss specs.
 

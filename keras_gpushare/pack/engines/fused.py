@@ -82,13 +82,15 @@ def _batch_size(x: Any) -> Any:
 def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> Any:
     """One loss object computing every member's loss at once, or None.
 
-    That holds when every member has one output and the same loss (same configuration, the
-    default reduction) and no loss weights: then one call on the stacked predictions gives
-    the N losses, instead of N small loss computations in the step.
+    That holds when every member has one output and the same loss of Keras's own (same
+    configuration, the default reduction) and no loss weights: then one call on the stacked
+    predictions gives the N losses, instead of N small loss computations in the step.
     """
     if any(args.get("loss_weights") is not None for args in compile_args):
         return None
     if any(data_lib.output_count(m) != 1 for m in members):
+        return None
+    if not all(_keras_own_loss(args["loss"]) for args in compile_args):
         return None
     specs = [keras.saving.serialize_keras_object(args["loss"]) for args in compile_args]
     if any(spec != specs[0] for spec in specs):
@@ -99,6 +101,26 @@ def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dic
     if getattr(loss, "reduction", None) != "sum_over_batch_size":
         return None
     return loss
+
+
+def _keras_own_loss(spec: Any) -> bool:
+    """Whether every loss in `spec` is Keras's own: a Keras loss function or `Loss` class,
+    or the name of one.
+
+    Those give one value per sample, and their configuration is all they compute with. A
+    user's function may reduce over the batch (on stacked predictions, over the members
+    too), and two of one name (closures over different constants) serialize alike.
+    """
+    wrapper = _upstream.loss_function_wrapper()
+    for leaf in tree.flatten(spec):
+        leaf = keras.losses.get(leaf) if isinstance(leaf, str) else leaf
+        if isinstance(leaf, keras.losses.Loss):
+            own = type(leaf) is not wrapper and _upstream.is_keras_builtin(type(leaf))
+        else:
+            own = getattr(leaf, "__module__", "").startswith("keras.")
+        if not own:
+            return False
+    return True
 
 
 def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any) -> Any:
