@@ -255,7 +255,13 @@ def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
                 "Compile it in the build function, or pass `optimizer=` and `loss=` to "
                 "ParallelTuner."
             )
-        configs.append(keras.saving.deserialize_keras_object(run.model.get_compile_config()))
+        # The objects the trial's model was compiled with (a loss function or metric class
+        # needs no registration, as in KerasTuner), with an optimizer of its own for the pack.
+        config = _upstream.compile_arguments(run.model)
+        config["optimizer"] = keras.optimizers.deserialize(
+            keras.optimizers.serialize(run.model.optimizer)
+        )
+        configs.append(config)
     single = len(runs) == 1
 
     def per_member(key: str) -> Any:

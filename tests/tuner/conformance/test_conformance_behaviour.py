@@ -565,3 +565,48 @@ def test_a_model_with_its_own_train_step_trains_as_in_keras_tuner(tmp_path, k):
     for trial in tuners[k].oracle.trials.values():
         losses = trial.metrics.get_history("loss")
         assert losses and trial.status == "COMPLETED"
+
+
+def squared_error(y_true, y_pred):
+    """A plain Python loss, not registered with Keras's serialization."""
+    return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+
+class LargestError(keras.metrics.Metric):
+    """A `Metric` subclass, not registered with Keras's serialization."""
+
+    def __init__(self, name="largest_error", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.largest = self.add_variable((), initializer="zeros", name="largest")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        error = keras.ops.max(keras.ops.abs(y_true - y_pred))
+        self.largest.assign(keras.ops.maximum(self.largest, error))
+
+    def result(self):
+        # A value, not the variable: Keras reads the epoch's logs after validation ran.
+        return keras.ops.multiply(self.largest, 1.0)
+
+
+def _unregistered(hp):
+    units = hp.Choice("units", [2, 4])
+    keras.utils.set_random_seed(units)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(units), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), squared_error, metrics=[LargestError()])
+    return model
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["graph", "fused"])
+def test_unregistered_loss_and_metric_train_as_in_keras_tuner(tmp_path, fuse):
+    # They failed with "Could not locate function 'squared_error'" before any trial ran.
+    tuners = {}
+    for kind in ["kt", 2]:
+        tuners[kind] = make(
+            kind, hypermodel=_unregistered, objective="val_loss", max_trials=2, seed=1,
+            directory=str(tmp_path), project_name=str(kind), fuse=fuse,
+        )  # fmt: skip
+        search(tuners[kind], *data(), **FIT)
+    assert_same_trials(tuners["kt"], tuners[2])
+    for trial in tuners[2].oracle.trials.values():
+        assert trial.status == "COMPLETED"
+        assert trial.metrics.get_history("val_largest_error")
