@@ -112,6 +112,12 @@ def untrack_layer(model: keras.Model, layer: Any) -> None:
     model._layers.remove(layer)
 
 
+def all_layers(layer: Any) -> list[Any]:
+    """`layer` and every layer it holds, nested ones too, each once, in tracking order (the
+    order of `get_weights`): `_flatten_layers`."""
+    return list(layer._flatten_layers(include_self=True, recursive=True))
+
+
 def model_strategy(model: keras.Model) -> Any:
     """The `tf.distribute` strategy a model was built under, or None:
     `_distribute_strategy`."""

@@ -180,6 +180,22 @@ def test_untrack_layer_removes_it_from_the_model_layers():
     assert model.layers == [model.a]
 
 
+@covers("all_layers")
+def test_all_layers_walks_nested_layers_once_in_weights_order():
+    inner = keras.layers.TextVectorization()
+    shared = keras.layers.Dense(2, name="shared")
+    inputs = keras.Input((3,))
+    sub = keras.Sequential([keras.Input((2,)), shared, keras.layers.Dense(1)], name="sub")
+    model = keras.Model(inputs, sub(shared(keras.layers.Dense(2)(inputs))))
+    layers = _upstream.all_layers(model)
+    assert layers[0] is model and sub in layers and shared in layers
+    assert len({id(layer) for layer in layers}) == len(layers)
+    dense = [v for layer in layers if isinstance(layer, keras.layers.Dense) for v in layer.weights]
+    assert [id(v) for v in dense] == [id(v) for v in model.weights]
+    lookups = [x for x in _upstream.all_layers(inner) if isinstance(x, keras.layers.StringLookup)]
+    assert len(lookups) == 1
+
+
 @covers("model_strategy")
 def test_model_strategy_is_none_without_one():
     assert _upstream.model_strategy(functional()) is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,9 +152,13 @@ def member_losses(loss: Any, n: int, output_counts: Sequence[int | None]) -> lis
 
 
 def standalone_copy(member: keras.Model) -> keras.Model:
-    """A copy of `member` sharing nothing with it: weights, compile settings, optimizer state."""
+    """A copy of `member` sharing nothing with it: weights, compile settings, optimizer state.
+
+    Every layer's state reaches the copy as a `.keras` save and reload carries it, not only
+    the variables `set_weights` writes (see `_copy_layer_state`).
+    """
     copy = keras.models.clone_model(member)
-    copy.set_weights(member.get_weights())
+    _copy_layer_state(member, copy)
     if member.compiled:
         config = keras.saving.deserialize_keras_object(member.get_compile_config())
         copy.compile(**config)
@@ -161,6 +167,33 @@ def standalone_copy(member: keras.Model) -> keras.Model:
             for dst, src in zip(copy.optimizer.variables, member.optimizer.variables):
                 dst.assign(src)
     return copy
+
+
+def _copy_layer_state(source: keras.Model, target: keras.Model) -> None:
+    """Writes each layer's state in `source` into the same layer of its clone `target`.
+
+    State goes through Keras's own save-format hooks, layer by layer: `save_own_variables` /
+    `load_own_variables`, then `save_assets` / `load_assets`. `set_weights` alone writes the
+    variables and nothing derived from them or kept beside them: an adapted `Normalization`
+    would keep its default mean and variance (its `load_own_variables` remakes them), a
+    `StringLookup`, `IntegerLookup` or `TextVectorization` its empty vocabulary (an asset).
+    """
+    pairs = zip(_upstream.all_layers(source), _upstream.all_layers(target), strict=True)
+    with tempfile.TemporaryDirectory() as assets:
+        for k, (src, dst) in enumerate(pairs):
+            store: dict[str, Any] = {}
+            src.save_own_variables(store)
+            dst.load_own_variables({key: _to_numpy(value) for key, value in store.items()})
+            if hasattr(src, "save_assets"):
+                path = os.path.join(assets, str(k))
+                os.mkdir(path)
+                src.save_assets(path)
+                dst.load_assets(path)
+
+
+def _to_numpy(value: Any) -> Any:
+    """A stored value as a `.keras` file holds it: an array, never the source's variable."""
+    return keras.ops.convert_to_numpy(value) if isinstance(value, keras.Variable) else value
 
 
 def build_member(member: keras.Model, data_batch: Any, build_optimizer: bool = True) -> None:
