@@ -129,6 +129,16 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
     model._symbolic_build(data_batch=data_batch)
 
 
+def keep_jax_state(model: keras.Model, state: tuple) -> None:
+    """Hands a JAX training call's state (trainable, non-trainable, optimizer and metrics
+    variable values) to `model` as Keras's `fit` loop does after each call, so that
+    `jax_state_sync()` (at `fit`'s end, or when it raises) writes it into the variables:
+    `_jax_state`, `_jax_state_synced`."""
+    keys = ("trainable_variables", "non_trainable_variables", "optimizer_variables")
+    model._jax_state = dict(zip((*keys, "metrics_variables"), state))
+    model._jax_state_synced = False
+
+
 def in_xla_context() -> bool:
     """Whether TensorFlow is tracing inside an XLA-compiled function:
     `control_flow_util.GraphOrParentsInXlaContext`."""

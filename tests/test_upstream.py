@@ -225,6 +225,25 @@ def test_compiled_loss_and_metrics_after_a_symbolic_build():
     assert _upstream.compile_loss(keras.Sequential()) is None
 
 
+@covers("keep_jax_state")
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="a JAX-backend name")
+def test_keep_jax_state_is_written_back_by_jax_state_sync():
+    model = compiled_sequential()
+    model.fit(np.ones((4, 3), "float32"), np.zeros((4, 2), "float32"), verbose=0)
+    groups = (
+        model.trainable_variables,
+        model.non_trainable_variables,
+        model.optimizer.variables,
+        model.metrics_variables,
+    )
+    state = tuple([keras.ops.convert_to_numpy(v) + 1 for v in group] for group in groups)
+    _upstream.keep_jax_state(model, state)
+    model.jax_state_sync()
+    for group, values in zip(groups, state):
+        for variable, value in zip(group, values):
+            np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), value)
+
+
 @covers("loss_tracker", "compute_loss")
 def test_loss_tracker_and_compute_loss():
     model = compiled_sequential()

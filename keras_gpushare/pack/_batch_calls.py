@@ -9,12 +9,16 @@ Such a pack runs many batches per compiled call, as fast as Keras can. Two thing
   take 64 optimizer steps an epoch (or all the data has). Where the user counts the steps
   (`steps_per_epoch`, `validation_steps`, `steps`), a call runs a number of batches that
   divides each count, so an epoch is exactly the steps asked for.
+
+And where the data raises in the middle of a call, the call leaves the members as plain
+`fit` leaves them after the same batches (`keeping_failed_steps`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import keras
 
@@ -77,3 +81,82 @@ def steps_per_call(
         return limit
     common = math.gcd(*given)
     return max(d for d in range(1, min(limit, common) + 1) if common % d == 0)
+
+
+def keeping_failed_steps(model: keras.Model, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`model`'s training function, leaving a call whose data raises as plain `fit` would.
+
+    Plain `fit` runs one batch per call. When the data raises (a generator or a
+    `PyDataset` failing at batch k), every step before batch k is kept, and the error
+    reaches the user. A pack running many batches per call keeps them too:
+
+    - on JAX, Keras's loop of several batches a call would drop the state its earlier
+      batches reached (the weights themselves in the first call of a `fit`); the call
+      ends at the failing batch, its state is kept, then the error is raised;
+    - on TensorFlow, Keras's one-batch step counts the failed step in the optimizer's
+      `iterations` (the count is made without waiting for the batch), so each member
+      whose own `fit` would run one batch a call counts it as well (`count_failed_step`).
+
+    Args:
+        model: the pack.
+        function: the training function Keras made for it.
+
+    Returns:
+        The function to call in its place.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax" and model.steps_per_execution > 1:
+        return _jax_keeping_steps(model, function)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        from keras_gpushare.pack import _tf_steps
+
+        def train_function(iterator: Any) -> Any:
+            try:
+                return function(iterator)
+            except tf.errors.OpError:
+                _tf_steps.count_failed_step(model)
+                raise
+
+        return train_function
+    return function
+
+
+def _jax_keeping_steps(model: keras.Model, function: Callable[..., Any]) -> Callable[..., Any]:
+    def train_function(state: Any, iterator: Any) -> Any:
+        batches = _UntilFailure(iterator)
+        logs, state = function(state, batches)
+        if batches.error is not None:
+            _upstream.keep_jax_state(model, state)
+            raise batches.error
+        return logs, state
+
+    return train_function
+
+
+class _UntilFailure:
+    """The batches of one call, ending (`StopIteration`) where the data raises after the
+    call's first batch; the error is kept in `error`. An error at the first batch is raised
+    at once, as Keras's one-batch call raises it."""
+
+    def __init__(self, iterator: Any) -> None:
+        self._iterator = iterator
+        self._served = 0
+        self.error: Exception | None = None
+
+    def __iter__(self) -> _UntilFailure:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            raise
+        except Exception as error:
+            if not self._served:
+                raise
+            self.error = error
+            raise StopIteration from error
+        self._served += 1
+        return batch

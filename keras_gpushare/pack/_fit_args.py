@@ -16,6 +16,7 @@ from typing import Any
 import keras
 from keras import tree
 
+from keras_gpushare import _upstream
 from keras_gpushare.pack import _batch_calls
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._progress import PackProgbar
@@ -32,6 +33,24 @@ def call_arguments(method: str, x: Any, y: Any, args: tuple, kwargs: dict) -> di
         bound = signature.bind_partial(None)
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def needs_a_batch(models: Sequence[keras.Model]) -> bool:
+    """Whether building `models` (the pack and its members) needs a batch of data, by
+    Keras's own rule for each: one of its layers is not built, or its compiled loss or
+    metrics are not.
+
+    Plain `fit` and `evaluate` read a batch to build only then: reading one starts an
+    epoch of the data (on torch a `DataLoader` draws its seed from the global generator,
+    which changes the order of the next shuffle), so the pack reads one only then too.
+    """
+    for model in models:
+        if not all(layer.built for layer in _upstream.all_layers(model)):
+            return True
+        compiled = (_upstream.compile_loss(model), _upstream.compile_metrics(model))
+        if any(part is not None and not part.built for part in compiled):
+            return True
+    return False
 
 
 def check_inputs(x: Any, members: Sequence[keras.Model], engines: Sequence[Any]) -> None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import tree
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._status import ACTIVE
+from keras_gpushare.pack.fusion import VectorizedOptimizer
 
 
 class TensorFlowSteps:
@@ -99,6 +102,39 @@ class TensorFlowSteps:
         for engine in self._stepping_engines:
             engine.test(data)
         return self._logs()
+
+
+def count_failed_step(pack: Any) -> None:
+    """Counts a training call that raised as a step in the `iterations` of each member
+    whose own `fit` would have counted it.
+
+    Keras's TensorFlow step of one batch a call (what a member's own `fit` runs with
+    `steps_per_execution` 1, its default) adds one to `iterations` without waiting for the
+    batch: when the data raises, the failed step is counted though no update was applied,
+    and a later `fit` continues from that count (Adam's bias correction, schedules). The
+    pack counts applied steps only; this adds the failed one for each active member, when
+    the pack was compiled with `steps_per_execution` 1 or `"auto"` (a member alone runs one
+    batch a call) and the member's optimizer does not scale its loss (Keras's
+    `LossScaleOptimizer` counts inside a condition on the gradients, so only applied steps).
+    """
+    given = (pack._member_compile_args or {}).get("steps_per_execution", "auto")
+    if given not in ("auto", 1):
+        return
+    active = keras.ops.convert_to_numpy(pack._status.value) == ACTIVE
+    counted = [
+        i
+        for i, member in enumerate(pack._members)
+        if active[i] and not isinstance(member.optimizer, keras.optimizers.LossScaleOptimizer)
+    ]
+    stepping = {i for engine in pack._stepping_engines for i in engine.member_ids}
+    for i in counted:
+        if i in stepping:
+            _upstream.iterations_variable(pack._members[i].optimizer).assign_add(1)
+    fused = [i for i in counted if i not in stepping]
+    if fused and isinstance(pack.optimizer, VectorizedOptimizer):
+        increment = np.zeros((len(pack._members),), "int32")
+        increment[fused] = 1
+        pack.optimizer.member_iterations.assign_add(increment)
 
 
 def _symbolic_batch(spec: Any) -> Any:

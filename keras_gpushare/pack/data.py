@@ -243,6 +243,7 @@ def check_member_inputs(x: Any, members: Sequence[keras.Model]) -> None:
         if inputs is None:
             continue
         given = member_inputs(x, member)
+        _check_input_count(given, inputs, i, member, members)
         for argument, leaf, expected in _paired_inputs(given, inputs):
             if isinstance(x, dict) and not isinstance(given, dict):
                 argument = f"`x[{expected.name!r}]`"
@@ -259,6 +260,37 @@ def check_member_inputs(x: Any, members: Sequence[keras.Model]) -> None:
                 f"shape {shape}, but the member's `keras.Input` there has shape {reference} "
                 "(None: any size). Pass inputs of that shape for this member."
             ) from failure
+
+
+def _check_input_count(
+    given: Any, inputs: list, i: int, member: keras.Model, members: Sequence[keras.Model]
+) -> None:
+    """Raises when a list of inputs holds another number of arrays than `member` has
+    `keras.Input`s: Keras would refuse it inside the step, naming internal layers.
+
+    A pack hands every member the same `x` (a dict narrowed to each member's input names),
+    so a list of one entry per member (`x=[x_0, x_1]`, as `y=[y_0, y_1]` is) is refused
+    here, naming the accepted forms; for one member with several inputs the list is its own
+    multi-input form.
+    """
+    if not isinstance(given, (list, tuple)):
+        return
+    leaves = tree.flatten(given)
+    if len(leaves) == len(inputs):
+        return
+    shapes = [_dense_shape(leaf) for leaf in leaves]
+    expected = {t.name: tuple(t.shape) for t in inputs}
+    names = sorted({name for other in members for name in input_names(other)})
+    raise ValueError(
+        f"Invalid inputs for member {i} ({member.name}): `x` is a list of {len(leaves)} "
+        f"arrays of shapes {shapes}, but the member has {len(inputs)} `keras.Input`(s), "
+        f"{expected} (name: shape; None: any size). A pack gives every member the same "
+        "`x`; one `x` per member (`x=[x_0, x_1, ...]`) is not a form it takes. Pass inputs "
+        "that every member takes as its own `fit` would, or, for members that read "
+        "different inputs, a dict keyed by the members' `keras.Input` names, from which "
+        f"each member reads its own keys (the members' input names: {names}; name inputs "
+        "that carry different data differently)."
+    )
 
 
 def check_member_labels(x: Any, y: Any, members: Sequence[keras.Model], per_member: bool) -> None:

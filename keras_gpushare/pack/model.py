@@ -13,7 +13,14 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _chief, _compile_args, _fit_args, _replicas, planner
+from keras_gpushare.pack import (
+    _batch_calls,
+    _chief,
+    _compile_args,
+    _fit_args,
+    _replicas,
+    planner,
+)
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack._gc_freeze import OldObjectsFrozen
@@ -626,7 +633,11 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
     ) -> None:
         """Builds the pack, and the state of `members` (positions; default all) and of
         the fused groups, from one batch of data."""
-        if data_batch is None and iterator is not None:
+        if (
+            data_batch is None
+            and iterator is not None
+            and _fit_args.needs_a_batch([self, *self._members])
+        ):
             for data_or_iterator in _upstream.epoch_iterator_data(iterator):
                 if isinstance(data_or_iterator, (list, tuple)):
                     data_batch = data_or_iterator[0]
@@ -695,6 +706,15 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         return list(self._logs())
 
     # Steps -------------------------------------------------------------------------------
+
+    def make_train_function(self, force: bool = False) -> Any:
+        """Keras's training function, leaving a call whose data raises as plain `fit`
+        leaves it (see `_batch_calls.keeping_failed_steps`)."""
+        fresh = force or self.train_function is None
+        super().make_train_function(force)
+        if fresh:
+            self.train_function = _batch_calls.keeping_failed_steps(self, self.train_function)
+        return self.train_function
 
     def train_step(self, *args: Any) -> Any:
         return _replicas.multi_worker_logs(super().train_step(*args))
