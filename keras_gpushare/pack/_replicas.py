@@ -8,12 +8,15 @@ here make such decisions from all replicas' values, and run the members' updates
 synchronise replicas) only where every replica takes the same branch.
 
 On other backends, and on TensorFlow outside a strategy, they reduce to the plain,
-single-replica case.
+single-replica case. `collective_clash_explained` turns TensorFlow's opaque error when two
+strategies' all-reduces clash into one that says what happened and how to avoid it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -97,3 +100,47 @@ def run_where(
 
 def _call(function: Callable[..., Any], args: Sequence) -> None:
     function(*args)
+
+
+_CLASH = re.compile(r"Shape mismatch in the collective instance[^\n]*")
+
+
+@contextlib.contextmanager
+def collective_clash_explained() -> Iterator[None]:
+    """Re-raises TensorFlow's "Shape mismatch in the collective instance" with its cause.
+
+    On CPU devices a `MirroredStrategy`'s default all-reduce (`CollectiveAllReduce`)
+    restarts its collective keys with every new strategy, so a second strategy over the same
+    devices in one process (a notebook) mixes up its all-reduces with the first one's, for
+    any Keras model. The error keeps TensorFlow's type where it can (a `RuntimeError`
+    otherwise), chained to TensorFlow's own.
+    """
+    try:
+        yield
+    except Exception as error:
+        found = _CLASH.search(str(error))
+        if found is None:
+            raise
+        message = (
+            "Training under `tf.distribute.MirroredStrategy` failed because the collective "
+            "all-reduces of two strategies clashed: a second `MirroredStrategy` over the same "
+            "devices was created in this process, and on CPUs each new strategy's default "
+            "all-reduce (`CollectiveAllReduce`) reuses the first one's collective keys "
+            "(plain Keras models fail the same way). Either create one strategy per process "
+            "(restart the process: TensorFlow cannot reset its collectives), or give each "
+            "strategy a reduction without collectives: `tf.distribute.MirroredStrategy("
+            "devices, cross_device_ops=tf.distribute.ReductionToOneDevice())`. See "
+            f'docs/scaling.md. TensorFlow reported: "{found.group(0).strip()}"'
+        )
+        raise _same_kind(error, message) from error
+
+
+def _same_kind(error: Exception, message: str) -> Exception:
+    """An exception of `error`'s type with `message` where TensorFlow's can be built, else a
+    `RuntimeError`."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(error, tf.errors.OpError) and type(error) is not tf.errors.OpError:
+            return type(error)(error.node_def, error.op, message)
+    return RuntimeError(message)

@@ -834,7 +834,8 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             counts.append(given["validation_steps"])
         frozen = OldObjectsFrozen(self.train_function is None)
         callbacks.append(frozen.callback())
-        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
+        clash = _replicas.collective_clash_explained()
+        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts), clash:
             history = super().fit(
                 x,
                 y,

@@ -5,11 +5,15 @@ where the same pack ends without a strategy on the same global batches.
 """
 
 import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from hang_guard import HANG_GUARD_S
 
 import keras_gpushare as kg
 
@@ -175,3 +179,27 @@ def test_new_strategies_one_after_another_as_in_a_notebook():
     for engine, (pack, alone) in reference.items():
         assert pack.engine == engine
         _assert_same_members(pack, alone)
+
+
+@pytest.mark.parametrize(
+    ("cross_device_ops", "outcome"),
+    [
+        ("collective", "clear error: "),
+        ("reduction_to_one_device", "same as without a strategy: "),
+    ],
+)
+def test_a_second_strategy_over_the_same_cpus_says_what_clashed(cross_device_ops, outcome):
+    # A graph pack under a first MirroredStrategy, then a fused pack under a second one over
+    # the same CPUs (issue 35 item 5): with the default all-reduce the fused pack's fit must
+    # name the clash and the ways out, with ReductionToOneDevice it must train as without a
+    # strategy. A fresh process each: the clash leaves TensorFlow's collectives aborted, and
+    # this file's own strategy uses the same CPUs.
+    script = Path(__file__).with_name("second_strategy_script.py")
+    result = subprocess.run(
+        [sys.executable, str(script), cross_device_ops],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith(outcome), result.stdout
