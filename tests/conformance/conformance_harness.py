@@ -25,11 +25,21 @@ from typing import Any
 
 import keras
 import numpy as np
+import pytest
 
 import keras_gpushare as kg
 
 BACKEND = keras.backend.backend()
 TENSORFLOW = BACKEND == "tensorflow"
+# The engines a per-engine test runs on: the graph engine only on TensorFlow.
+PACK_ENGINES = [
+    pytest.param("fused", id="fused"),
+    pytest.param(
+        "graph",
+        id="graph",
+        marks=pytest.mark.skipif(not TENSORFLOW, reason="the graph engine runs on TensorFlow"),
+    ),
+]
 
 # Same-architecture members for "fused" and "graph"; members differing only in their Dense
 # width for "widths" (fused with padding with fuse="auto").

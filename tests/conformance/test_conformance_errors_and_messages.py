@@ -11,18 +11,9 @@ import keras
 import numpy as np
 import pytest
 from conformance_cases import CLASSES, FEATURES, arrays, mlp
-from conformance_harness import TENSORFLOW
+from conformance_harness import PACK_ENGINES, TENSORFLOW
 
 import keras_gpushare as kg
-
-ENGINES = [
-    pytest.param("fused", id="fused"),
-    pytest.param(
-        "graph",
-        id="graph",
-        marks=pytest.mark.skipif(not TENSORFLOW, reason="the graph engine runs on TensorFlow"),
-    ),
-]
 
 
 def _pack(engine, members, **compile_args):
@@ -56,7 +47,7 @@ def _plain_keras_fit(x, y):
 
 @pytest.mark.parametrize(
     "engine",
-    [pytest.param("fused", id="fused"), ENGINES[1]],
+    [pytest.param("fused", id="fused"), PACK_ENGINES[1]],
 )
 def test_out_of_range_sparse_labels_raise_as_in_plain_keras(engine):
     x, y = _out_of_range()
@@ -96,7 +87,7 @@ def _regression_pack(engine, rates):
     return pack, data["x"], data["y_reg"] * 1e3
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", PACK_ENGINES)
 def test_frozen_member_warns_once(engine):
     pack, x, y = _regression_pack(engine, [1e-5, 1e6])
     with pytest.warns(Warning, match="frozen") as caught:
@@ -154,7 +145,7 @@ def _two_outputs(i):
     return keras.Model(inputs, [price, category])
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", PACK_ENGINES)
 def test_missing_output_labels_raise_a_clear_error(engine):
     """Labels for one of two outputs: plain Keras refuses; the pack names the member."""
     data = arrays()

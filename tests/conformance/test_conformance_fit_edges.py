@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from conformance_harness import TENSORFLOW
+from conformance_harness import PACK_ENGINES
 
 import keras_gpushare as kg
 
@@ -24,15 +24,6 @@ BATCH = 16
 BATCHES = 12
 FAILING = 9  # the data raises when asked for batch 9: batches 0-8 were served
 LEARNING_RATES = (0.01, 0.02)
-
-ENGINES = [
-    pytest.param("fused", id="fused"),
-    pytest.param(
-        "graph",
-        id="graph",
-        marks=pytest.mark.skipif(not TENSORFLOW, reason="the graph engine runs on TensorFlow"),
-    ),
-]
 
 
 def _data(width: int = 5, rows: int = BATCH * BATCHES, seed: int = 0):
@@ -121,7 +112,7 @@ def _fit_until_the_data_raises(model: keras.Model, source: str) -> None:
         model.fit(data, epochs=1, shuffle=False, verbose=0, **kwargs)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", PACK_ENGINES)
 @pytest.mark.parametrize("source", ["generator", "py_dataset"])
 def test_a_fit_whose_data_raises_keeps_what_plain_fit_keeps(engine, source):
     members = [_member(i) for i in range(2)]

@@ -16,7 +16,6 @@ import pytest
 import tuner_helpers as th
 from hang_guard import HANG_GUARD_S
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ARGS = ["--out", "{out}", "--units", "5", "--epochs", "2"]  # the defaults are 2 and 1
 
 SCRIPT = textwrap.dedent(
@@ -67,12 +66,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _env():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
-    return env
-
-
 def _unguarded_script(tmp_path):
     script = tmp_path / "search.py"
     script.write_text(SCRIPT.format(data_import="from tuner_helpers import data", call="search()"))
@@ -107,7 +100,7 @@ def test_workers_see_the_arguments_the_script_was_run_with(tmp_path, launch):
     result = subprocess.run(
         [sys.executable, *launch(tmp_path), *args],
         cwd=str(tmp_path),
-        env=_env(),
+        env=th.script_env(),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,

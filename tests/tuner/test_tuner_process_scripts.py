@@ -13,9 +13,6 @@ import textwrap
 import tuner_helpers as th
 from hang_guard import HANG_GUARD_S
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 UNGUARDED = textwrap.dedent(
     """
     import os
@@ -59,12 +56,6 @@ UNGUARDED = textwrap.dedent(
 )
 
 
-def _env():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
-    return env
-
-
 def test_unguarded_script_with_a_subclass_runs_in_workers_that_keep_it(tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -72,7 +63,7 @@ def test_unguarded_script_with_a_subclass_runs_in_workers_that_keep_it(tmp_path)
     script.write_text(UNGUARDED.format(markers=str(markers), directory=str(tmp_path)))
     result = subprocess.run(
         [sys.executable, str(script)],
-        env=_env(),
+        env=th.script_env(),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
@@ -110,7 +101,7 @@ def test_a_script_on_standard_input_with_an_importable_hypermodel_runs(tmp_path)
     result = subprocess.run(
         [sys.executable, "-"],
         input=STDIN_IMPORTABLE.format(directory=str(tmp_path)),
-        env=_env(),
+        env=th.script_env(),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
@@ -144,7 +135,7 @@ def test_a_hypermodel_defined_on_standard_input_fails_fast_naming_the_fix(tmp_pa
     result = subprocess.run(
         [sys.executable, "-"],
         input=STDIN_MAIN_BUILD.format(directory=str(tmp_path)),
-        env=_env(),
+        env=th.script_env(),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,

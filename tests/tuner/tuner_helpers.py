@@ -90,3 +90,11 @@ def build_wrong_input(hp) -> keras.Model:
     )
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     return model
+
+
+def script_env() -> dict:
+    """The environment of a user's script run as a subprocess: it imports these helpers."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
+    return env
