@@ -127,51 +127,7 @@ def _member_metrics(metrics: Any, n: int) -> list:
 
     def own_state(leaf: Any) -> Any:
         if isinstance(leaf, keras.metrics.Metric) and id(leaf) in shared:
-            return _clone_metric(leaf, n)
+            return members_lib.clone_metric(leaf, n)
         return leaf
 
     return [tree.map_structure(own_state, spec) for spec in specs]
-
-
-def _clone_metric(metric: keras.metrics.Metric, n: int) -> keras.metrics.Metric:
-    """A fresh metric configured as `metric`, with its own state: `from_config(get_config())`
-    of its class.
-
-    Made without Keras's serialization registry: the functions and classes the metric holds
-    (a `MeanMetricWrapper`'s function) resolve by name from the metric itself, so an
-    unregistered metric copies as a registered one does. A copy that differs from `metric`
-    in a plain attribute (a constructor argument that `get_config` leaves out) is refused.
-
-    Raises:
-        ValueError: when the copy cannot be made faithfully, with the way out.
-    """
-    cls = type(metric)
-    held = {
-        value.__name__: value
-        for value in vars(metric).values()
-        if callable(value) and hasattr(value, "__name__")
-    }
-    call = f"`{cls.__name__}.from_config(metric.get_config())`"
-    try:
-        with keras.saving.custom_object_scope(held):
-            clone = cls.from_config(metric.get_config())
-    except (TypeError, ValueError) as e:
-        problem = f"{call} raised {e!r}"
-    else:
-        lost = sorted(
-            key
-            for key, value in vars(metric).items()
-            if isinstance(value, (bool, int, float, str, type(None)))
-            and key not in ("built", "_built")
-            and vars(clone).get(key, value) != value
-        )
-        if not lost:
-            return clone
-        problem = f"the copy {call} makes differs in {lost}"
-    raise ValueError(
-        f"Invalid value for argument `metrics`: one `{cls.__name__}` object ({metric.name!r}) "
-        "goes to more than one member, and each member needs its own metric state, but it "
-        f"cannot be copied: {problem}. Return every constructor argument from "
-        f"`{cls.__name__}.get_config()`, or pass one metric object per member: "
-        f"`metrics=[[{cls.__name__}(...)] for _ in range({n})]`."
-    )

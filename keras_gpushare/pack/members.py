@@ -157,16 +157,89 @@ def standalone_copy(member: keras.Model) -> keras.Model:
     Every layer's state reaches the copy as a `.keras` save and reload carries it, not only
     the variables `set_weights` writes (see `_copy_layer_state`).
     """
-    copy = keras.models.clone_model(member)
+    compiled = member.compiled
+    # `clone_model` compiles its clone from the serialized compile settings, which a loss or
+    # metric not registered with Keras cannot come back from: the copy is compiled below.
+    member.compiled = False
+    try:
+        copy = keras.models.clone_model(member)
+    finally:
+        member.compiled = compiled
     _copy_layer_state(member, copy)
-    if member.compiled:
-        config = keras.saving.deserialize_keras_object(member.get_compile_config())
-        copy.compile(**config)
+    if compiled:
+        copy.compile(**_compile_arguments_for_a_copy(member))
         copy.optimizer.build(copy.trainable_variables)
         if member.optimizer.built:
             for dst, src in zip(copy.optimizer.variables, member.optimizer.variables):
                 dst.assign(src)
     return copy
+
+
+def _compile_arguments_for_a_copy(member: keras.Model) -> dict:
+    """What `member` was compiled with, for a copy that shares no state with it.
+
+    Keras's own serialized form where it comes back (registered objects, Keras's own); else
+    the objects `compile` was given, as plain Keras takes an unregistered loss or metric: the
+    loss shared (a function), every metric and the optimizer made anew from their configs.
+    """
+    try:
+        return keras.saving.deserialize_keras_object(member.get_compile_config())
+    except (TypeError, ValueError):
+        pass
+    config = _upstream.compile_arguments(member)
+    optimizer = config.get("optimizer")
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        config["optimizer"] = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    for key in ("metrics", "weighted_metrics"):
+        config[key] = tree.map_structure(
+            lambda m: clone_metric(m, 1) if isinstance(m, keras.metrics.Metric) else m,
+            config.get(key),
+        )
+    return config
+
+
+def clone_metric(metric: keras.metrics.Metric, n: int) -> keras.metrics.Metric:
+    """A fresh metric configured as `metric`, with its own state: `from_config(get_config())`
+    of its class.
+
+    Made without Keras's serialization registry: the functions and classes the metric holds
+    (a `MeanMetricWrapper`'s function) resolve by name from the metric itself, so an
+    unregistered metric copies as a registered one does. A copy that differs from `metric`
+    in a plain attribute (a constructor argument that `get_config` leaves out) is refused.
+
+    Raises:
+        ValueError: when the copy cannot be made faithfully, with the way out.
+    """
+    cls = type(metric)
+    held = {
+        value.__name__: value
+        for value in vars(metric).values()
+        if callable(value) and hasattr(value, "__name__")
+    }
+    call = f"`{cls.__name__}.from_config(metric.get_config())`"
+    try:
+        with keras.saving.custom_object_scope(held):
+            clone = cls.from_config(metric.get_config())
+    except (TypeError, ValueError) as e:
+        problem = f"{call} raised {e!r}"
+    else:
+        lost = sorted(
+            key
+            for key, value in vars(metric).items()
+            if isinstance(value, (bool, int, float, str, type(None)))
+            and key not in ("built", "_built")
+            and vars(clone).get(key, value) != value
+        )
+        if not lost:
+            return clone
+        problem = f"the copy {call} makes differs in {lost}"
+    raise ValueError(
+        f"Invalid value for argument `metrics`: one `{cls.__name__}` object ({metric.name!r}) "
+        "goes to more than one member, and each member needs its own metric state, but it "
+        f"cannot be copied: {problem}. Return every constructor argument from "
+        f"`{cls.__name__}.get_config()`, or pass one metric object per member: "
+        f"`metrics=[[{cls.__name__}(...)] for _ in range({n})]`."
+    )
 
 
 def _copy_layer_state(source: keras.Model, target: keras.Model) -> None:

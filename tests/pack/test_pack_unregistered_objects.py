@@ -13,6 +13,7 @@ import pytest
 from pack_builders import assert_weights_close, copy_model, mlp
 
 import keras_gpushare as kg
+from keras_gpushare import _upstream
 
 TENSORFLOW = keras.backend.backend() == "tensorflow"
 ENGINES = [
@@ -192,3 +193,31 @@ def test_saving_asks_for_registration_as_keras_does(binary_data, tmp_path):
             keras.saving.load_model(path)
         loaded = keras.saving.load_model(path, custom_objects=custom_objects)
         assert loaded.compiled
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_member_copy_keeps_unregistered_loss_and_metric(engine, binary_data):
+    # `pack.member(i)` raised "Could not locate function 'soft_error'" (Keras's clone_model
+    # compiles its clone from the serialized compile settings).
+    x, y = binary_data
+    members, _ = members_and_twins()
+    for model, optimizer in zip(members, sgds()):
+        model.compile(optimizer=optimizer, loss=soft_error, metrics=[AbsError()])
+    pack = make_pack(members, engine)
+    pack.compile()
+    fit(pack, binary_data)
+    for i in range(len(members)):
+        copy = pack.member(i)
+        assert copy.loss is soft_error
+        expected = pack.members[i].evaluate(x, y, verbose=0, return_dict=True)
+        got = copy.evaluate(x, y, verbose=0, return_dict=True)
+        assert sorted(got) == sorted(expected) == ["abs_error", "loss"]
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
+        (metric,) = _upstream.compile_arguments(copy)["metrics"]
+        assert isinstance(metric, AbsError)
+        assert all(metric is not m for m in _upstream.compile_arguments(members[i])["metrics"])
+        assert copy.optimizer is not pack.members[i].optimizer
+        np.testing.assert_allclose(
+            float(copy.optimizer.learning_rate), RATES[i], rtol=1e-6, err_msg="learning rate"
+        )
