@@ -127,14 +127,14 @@ def count_failed_step(pack: Any) -> None:
         if active[i] and not isinstance(member.optimizer, keras.optimizers.LossScaleOptimizer)
     ]
     stepping = {i for engine in pack._stepping_engines for i in engine.member_ids}
+    fused = np.zeros((len(pack._members),), "int32")
     for i in counted:
         if i in stepping:
             _upstream.iterations_variable(pack._members[i].optimizer).assign_add(1)
-    fused = [i for i in counted if i not in stepping]
-    if fused and isinstance(pack.optimizer, VectorizedOptimizer):
-        increment = np.zeros((len(pack._members),), "int32")
-        increment[fused] = 1
-        pack.optimizer.member_iterations.assign_add(increment)
+        else:
+            fused[i] = 1
+    if fused.any() and isinstance(pack.optimizer, VectorizedOptimizer):
+        pack.optimizer.member_iterations.assign_add(fused)
 
 
 def _symbolic_batch(spec: Any) -> Any:
