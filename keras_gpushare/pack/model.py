@@ -19,6 +19,7 @@ from keras_gpushare.pack import (
     _compile_args,
     _fit_args,
     _replicas,
+    _slots,
     planner,
 )
 from keras_gpushare.pack import data as data_lib
@@ -267,6 +268,75 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
     def stop_member(self, index: int) -> None:
         """Stops training member `index` (its weights stay as they are now)."""
         self._set_member_status(index, STOPPED_EARLY)
+
+    def load_member(self, index: int, model: keras.Model) -> None:
+        """Loads `model` into member `index`, which then trains as `model` would from now.
+
+        The member takes `model`'s weights and learning rate, a fresh optimizer state (step
+        count, slots, loss scale), zeroed metrics and the status `"active"`; the pack's
+        compiled step is kept, so the next `fit` (or the next epoch, when called from a
+        callback) starts at once. `model` must match the member but for its values: the
+        same layers and settings, loss and metrics, and optimizer but for its learning
+        rate. `model` itself is not trained: read the result with `pack.member(index)`.
+
+        Args:
+            index: the member.
+            model: a built, compiled `keras.Model` whose optimizer has not taken a step.
+
+        Raises:
+            ValueError: `model` differs from the member (the message says where), or its
+                optimizer has state that loading would drop.
+        """
+        self._check_index(index)
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                f"Invalid value for argument `model`: expected a `keras.Model`, got "
+                f"{type(model).__name__}."
+            )
+        if not self.compiled:
+            raise ValueError(
+                "This ModelPack is not compiled: `load_member` keeps a compiled pack's step. "
+                "Compile the pack first, or pass the model to `ModelPack([...])`."
+            )
+        member = self._members[index]
+        problem = (
+            (None if model.built else "it is not built; call it on data or `build` it")
+            or _slots.structure_difference(member, model)
+            or _slots.compile_difference(member, model)
+            or _slots.optimizer_difference(member.optimizer, model.optimizer)
+        )
+        if problem is None and _slots.steps_taken(model.optimizer):
+            problem = (
+                f"its optimizer has taken {_slots.steps_taken(model.optimizer)} steps, and "
+                "loading starts the member's optimizer afresh; recompile the model, or build "
+                "a new `ModelPack([...])`, which carries an optimizer's state"
+            )
+        if problem is not None:
+            raise ValueError(
+                f"Cannot load model `{model.name}` into member {index} of ModelPack "
+                f"{self.name}: {problem}. A loaded model may differ from the member only in "
+                "its weights and learning rate; build a new ModelPack for other models."
+            )
+        engine, j = self._locate(index)
+        engine.load_member(j, model, self.optimizer)
+        self._set_member_status(index, ACTIVE)
+
+    def reset_member(self, index: int) -> None:
+        """Restarts member `index`'s optimizer and metrics, keeping its weights.
+
+        Its step count, optimizer slots, loss scale and metrics start again as after
+        `compile`, its learning rate is the one it was compiled (or loaded) with, and its
+        status becomes `"active"`.
+
+        Args:
+            index: the member.
+        """
+        self._check_index(index)
+        if not self.compiled:
+            raise ValueError("This ModelPack is not compiled: compile it before `reset_member`.")
+        engine, j = self._locate(index)
+        engine.reset_member(j, self.optimizer)
+        self._set_member_status(index, ACTIVE)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self._members):

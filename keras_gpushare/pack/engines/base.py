@@ -25,6 +25,8 @@ from typing import Any
 
 import keras
 
+from keras_gpushare.pack import _slots
+
 
 @dataclasses.dataclass
 class EngineOptions:
@@ -84,6 +86,8 @@ class Engine:
         self.members = list(members)
         self.member_ids = tuple(int(i) for i in member_ids)
         self.options = options
+        # Member j's learning rate when it was loaded (`load_member`), which a reset restores.
+        self._learning_rates: dict[int, Any] = {}
 
     def keras_objects(self) -> list:
         """The Keras layers and models the pack tracks for this engine (weights, saving)."""
@@ -96,6 +100,9 @@ class Engine:
 
     def configure(self, compile_args: Sequence[dict]) -> None:
         """Prepares for training compiled members (`compile_args[j]`: member j's arguments)."""
+        self._learning_rates = {
+            j: _slots.fixed_learning_rate(member.optimizer) for j, member in enumerate(self.members)
+        }
 
     def call(self, inputs: Any, training: bool | None = None, active: Any = None) -> Any:
         """This group's raw outputs for `inputs` (the pack's whole inputs).
@@ -130,6 +137,38 @@ class Engine:
     def set_member_weights(self, j: int, weights: list) -> None:
         """Puts `weights` into member j of this group."""
         self.members[j].set_weights(weights)
+
+    def load_member(self, j: int, model: keras.Model, optimizer: Any) -> None:
+        """Puts `model`'s weights and learning rate into member j, with a fresh optimizer
+        state and zeroed metrics.
+
+        The pack has checked that `model` matches member j but for its values (`_slots`);
+        the member's model object stays the one the step was traced with.
+
+        Args:
+            j: the member's position in this group.
+            model: the model whose values member j takes.
+            optimizer: the pack's optimizer.
+        """
+        self.set_member_weights(j, model.get_weights())
+        self._learning_rates[j] = _slots.fixed_learning_rate(model.optimizer)
+        self.reset_member(j, optimizer)
+
+    def reset_member(self, j: int, optimizer: Any) -> None:
+        """Puts member j's optimizer state back to a new optimizer's and zeroes its metrics.
+
+        Its step count, slots and loss scale restart; its learning rate is the one it was
+        compiled or loaded with. Here the member's own optimizer holds that state.
+
+        Args:
+            j: the member's position in this group.
+            optimizer: the pack's optimizer.
+        """
+        member = self.members[j]
+        rate = self._learning_rates.get(j, _slots.fixed_learning_rate(member.optimizer))
+        _slots.reset_optimizer(member.optimizer, member.trainable_variables, rate)
+        for metric in member.metrics:
+            metric.reset_state()
 
     def learning_rate_handle(self, j: int, optimizer: Any) -> Any:
         """What sets member j's learning rate (an object with a settable `learning_rate`).

@@ -48,6 +48,13 @@ class StackedMean(keras.metrics.Metric):
         self.total.assign_add(values * weight)
         self.count.assign_add(weight)
 
+    def reset_member(self, j: int) -> None:
+        """Zeroes member j's running mean, leaving the others'."""
+        for variable in (self.total, self.count):
+            values = np.array(ops.convert_to_numpy(variable))
+            values[j] = 0.0
+            variable.assign(values)
+
     def result(self) -> Any:
         count = ops.convert_to_tensor(self.count)
         mean = ops.convert_to_tensor(self.total) / ops.maximum(count, 1e-12)
@@ -340,6 +347,31 @@ class FusedEngine(GradientEngine):
 
     def learning_rate_handle(self, j: int, optimizer: Any) -> Any:
         return optimizer.optimizers[self.member_ids[j]]
+
+    def load_member(self, j: int, model: keras.Model, optimizer: Any) -> None:
+        """Member j's slices of the stacked weights take `model`'s; the vectorized optimizer
+        gives it `model`'s learning rate and a fresh state."""
+        self.set_member_weights(j, model.get_weights())
+        optimizer.load_member(self.member_ids[j], model.optimizer)
+        self._reset_metrics(j)
+
+    def reset_member(self, j: int, optimizer: Any) -> None:
+        """Member j's rows of the vectorized optimizer's state restart; its metrics zeroed."""
+        optimizer.reset_member(self.member_ids[j])
+        self._reset_metrics(j)
+
+    def _reset_metrics(self, j: int) -> None:
+        """Zeroes member j's row of the stacked loss and metrics, and its own metrics."""
+        for state in (self.loss_state, *self.metric_states.values()):
+            state.reset_member(j)
+        member = self.members[j]
+        compiled_metrics = _upstream.compile_metrics(member)
+        if compiled_metrics is not None:
+            compiled_metrics.reset_state()
+        compiled_loss = _upstream.compile_loss(member)
+        if compiled_loss is not None:
+            for tracker in compiled_loss.metrics:
+                tracker.reset_state()
 
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.

@@ -213,6 +213,61 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         rates[index] = value
         self.member_learning_rate.assign(rates)
 
+    def load_member(self, index, optimizer):
+        """Gives member `index` the learning rate of `optimizer` and a fresh state.
+
+        `optimizer` must be of the member's family with the same hyperparameters but for
+        its learning rate (the caller checks it): those are constants of the compiled step.
+
+        Args:
+            index: the member. Defaults to none (required).
+            optimizer: the Keras optimizer whose fixed learning rate the member takes.
+                Defaults to none (required).
+        """
+        settings = member_settings(index, optimizer)
+        self._settings[index] = dataclasses.replace(
+            self._settings[index], learning_rate=settings.learning_rate
+        )
+        self._member_configs[index] = keras.optimizers.serialize(optimizer)
+        self.reset_member(index)
+
+    def reset_member(self, index):
+        """Puts member `index`'s optimizer state back to a new optimizer's.
+
+        Its step count, slots, per-member state, accumulated gradients, loss scale and
+        learning rate take the values it had when the pack was compiled; the other members'
+        are left as they are.
+
+        Args:
+            index: the member. Defaults to none (required).
+        """
+        settings = self._settings[index]
+        _set_row(self.member_iterations, index, 0)
+        _set_row(self.nonfinite, index, 0.0)
+        if settings.schedule is None:
+            _set_row(self.member_learning_rate, index, settings.learning_rate)
+        if not self.built or settings.rule is None:
+            return
+        for name, values in settings.rule.initial_state([settings.hyper]).items():
+            _set_row(self._states[name], index, values[0])
+        for k, by_run in self._slots.items():
+            group = self._group_of[k]
+            ids = self._groups[group]
+            if index not in ids:
+                continue
+            position = ids.index(index)
+            for (r, name), slot in by_run.items():
+                rule, start, end = self._group_runs[group][r]
+                if start <= position < end:
+                    hypers = [self._settings[i].hyper for i in ids[start:end]]
+                    initial = rule.slots(hypers)[name][position - start]
+                    _set_row(slot, position - start, initial)
+            if self._accumulators is not None:
+                _set_row(self._accumulators[k], position, 0.0)
+        if self.loss_scale_variable is not None and self.scale_counter is not None:
+            _set_row(self.loss_scale_variable, index, self.initial_loss_scales()[index])
+            _set_row(self.scale_counter, index, 0)
+
     @property
     def optimizers(self):
         """One object per member whose `learning_rate` reads and sets that member's rate.
@@ -624,3 +679,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             for c in config["optimizers"]
         ]
         return cls(**config)
+
+
+def _set_row(variable, row, value):
+    """Assigns `value` to row `row` (the first axis) of `variable`, leaving the others."""
+    values = np.array(ops.convert_to_numpy(variable))
+    values[row] = value
+    variable.assign(values)

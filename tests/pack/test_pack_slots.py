@@ -1,0 +1,215 @@
+"""`ModelPack.load_member` and `reset_member`: a member's slot refilled in place.
+
+A model loaded into a member that trained before (a slot used by another model) trains as
+the same model alone with plain Keras from the same initial weights: weights, optimizer
+state, step count and logged loss, whether it is loaded between two fits or from a callback
+at an epoch's end (the pack's step is kept, not traced again). The members around it go on
+as if nothing happened. Runs on TensorFlow and JAX (and the graph engine on TensorFlow).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_gpushare as kg
+
+BATCH = 16
+ATOL = 1e-5
+
+
+class _Scale(keras.layers.Layer):
+    """A layer the fuser does not know: its members train on the graph engine."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.scale
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    y = (x[:, :2].sum(axis=1, keepdims=True)).astype("float32")
+    return x, y
+
+
+def _model(seed, rate=1e-2, custom=False, units=8, beta_1=0.9, family=None):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((6,))]
+    if custom:
+        layers.append(_Scale())
+    layers += [keras.layers.Dense(units, activation="tanh"), keras.layers.Dense(1)]
+    model = keras.Sequential(layers)
+    optimizer = keras.optimizers.Adam(rate, beta_1=beta_1) if family is None else family(rate)
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+    return model
+
+
+def _alone(seed, rate, epochs, weights=None, custom=False):
+    """A model trained alone with plain Keras (from `weights` when given)."""
+    model = _model(seed, rate, custom)
+    if weights is not None:
+        model.set_weights(weights)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    return model, history.history
+
+
+def _pack(custom=False):
+    members = [_model(seed, rate, custom) for seed, rate in ((0, 1e-2), (1, 3e-3), (2, 1e-2))]
+    pack = kg.ModelPack(members)
+    pack.compile()
+    return pack, [m.get_weights() for m in members]
+
+
+def _assert_same(model, reference):
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=ATOL)
+    assert int(model.optimizer.iterations) == int(reference.optimizer.iterations)
+    for got, want in zip(model.optimizer.variables, reference.optimizer.variables):
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), atol=ATOL
+        )
+
+
+ENGINES = [False]
+if keras.backend.backend() == "tensorflow":
+    ENGINES.append(True)
+
+
+@pytest.mark.parametrize("custom", ENGINES, ids=lambda c: "graph" if c else "fused")
+def test_loaded_model_trains_as_it_would_alone(custom):
+    x, y = _data()
+    pack, initial = _pack(custom)
+    assert pack.engine == ("graph" if custom else "fused")
+    pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    newcomer = _model(7, rate=5e-3, custom=custom)
+    start = newcomer.get_weights()
+    pack.load_member(1, newcomer)
+    assert pack.status == ["active"] * 3
+    history = pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+
+    reference, logs = _alone(7, 5e-3, 2, start, custom)
+    _assert_same(pack.member(1), reference)
+    np.testing.assert_allclose(history["m1_loss"], logs["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["m1_mae"], logs["mae"], rtol=1e-5)
+    # Its neighbours went on through both fits as one fit of four epochs.
+    for index, (seed, rate) in ((0, (0, 1e-2)), (2, (2, 1e-2))):
+        neighbour, _ = _alone(seed, rate, 4, initial[index], custom)
+        _assert_same(pack.member(index), neighbour)
+
+
+def test_loading_at_an_epoch_end_refills_the_slot_without_a_new_step():
+    x, y = _data()
+    pack, _ = _pack()
+    newcomer = _model(7, rate=5e-3)
+    start = newcomer.get_weights()
+    traces = []
+    step = pack.train_step
+
+    def counted_step(*args):
+        # Python runs here once per trace (TensorFlow, JAX), at every step in eager torch.
+        traces.append(1)
+        return step(*args)
+
+    pack.train_step = counted_step
+    traced_before = []
+
+    class Refill(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                traced_before.append(len(traces))
+                pack.load_member(2, newcomer)
+
+    pack.fit(x, y, batch_size=BATCH, epochs=4, shuffle=False, verbose=0, callbacks=[Refill()])
+    reference, _ = _alone(7, 5e-3, 2, start)
+    _assert_same(pack.member(2), reference)
+    if keras.backend.backend() != "torch":
+        assert traced_before[0] >= 1
+        assert len(traces) == traced_before[0]
+
+
+def test_reset_member_restarts_its_optimizer_and_keeps_its_weights():
+    x, y = _data()
+    pack, _ = _pack()
+    pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    pack.stop_member(0)
+    trained = pack.member(0).get_weights()
+    pack.reset_member(0)
+    assert pack.status[0] == "active"
+    assert int(pack.member(0).optimizer.iterations) == 0
+    pack.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    reference, _ = _alone(0, 1e-2, 1, trained)
+    _assert_same(pack.member(0), reference)
+
+
+@pytest.mark.parametrize(
+    "newcomer, words",
+    [
+        (lambda: _model(7, units=4), "units"),
+        (lambda: _model(7, beta_1=0.8), "beta_1"),
+        (lambda: _compiled(_model(7), loss="mae"), "loss"),
+        (lambda: _stepped(_model(7)), "taken 4 steps"),
+        (lambda: keras.Sequential([keras.layers.Dense(1)]), "not built"),
+    ],
+    ids=["width", "optimizer", "loss", "optimizer state", "unbuilt"],
+)
+def test_a_model_that_does_not_match_is_refused_before_anything_changes(newcomer, words):
+    pack, initial = _pack()
+    with pytest.raises(ValueError, match=words):
+        pack.load_member(1, newcomer())
+    for got, want in zip(pack.member(1).get_weights(), initial[1]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_load_member_needs_a_compiled_pack_and_a_model():
+    pack = kg.ModelPack([_model(0), _model(1)])
+    with pytest.raises(ValueError, match="not compiled"):
+        pack.load_member(0, _model(2))
+    pack.compile()
+    with pytest.raises(TypeError, match="keras.Model"):
+        pack.load_member(0, [1, 2])
+    with pytest.raises(ValueError, match="member index 5"):
+        pack.load_member(5, _model(2))
+
+
+FAMILIES = {
+    "adagrad": lambda rate: keras.optimizers.Adagrad(rate, initial_accumulator_value=0.5),
+    "nadam": keras.optimizers.Nadam,
+    "momentum": lambda rate: keras.optimizers.SGD(rate, momentum=0.9),
+    "mixed_precision": lambda rate: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(rate), initial_scale=2.0**10
+    ),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_optimizer_family_restarts_from_its_own_initial_state(family):
+    """Adagrad's accumulators start at its initial value, Nadam's momentum product at 1,
+    a loss-scale optimizer's scale at its initial scale: a refilled slot starts from them."""
+    x, y = _data()
+    make = FAMILIES[family]
+    members = [_model(seed, 1e-2, family=make) for seed in (0, 1)]
+    pack = kg.ModelPack(members)
+    pack.compile()
+    pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    newcomer = _model(7, 5e-3, family=make)
+    start = newcomer.get_weights()
+    pack.load_member(0, newcomer)
+    pack.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    reference = _model(7, 5e-3, family=make)
+    reference.set_weights(start)
+    reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    _assert_same(pack.member(0), reference)
+
+
+def _compiled(model, loss):
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss, metrics=["mae"])
+    return model
+
+
+def _stepped(model):
+    x, y = _data()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    return model
