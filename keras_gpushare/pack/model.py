@@ -34,6 +34,7 @@ from keras_gpushare.pack._summary import member_params, pack_summary
 from keras_gpushare.pack._watcher import StatusWatcher
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
+from keras_gpushare.pack.fusion import base as fusion_base
 
 if keras.backend.backend() == "tensorflow":
     # The pack's steps on TensorFlow, as Keras mixes in its `TensorFlowTrainer`.
@@ -122,6 +123,9 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
                 '"ignore".'
             )
         groups = kwargs.pop("groups", None)
+        # Fused layers hold their members' settings as data, so `load_member` takes models
+        # of other widths, activations and dropout rates (the tuner's slots).
+        slot_mode = bool(kwargs.pop("_slot_values", False))
         plan = planner.plan_engines(members, fuse, data, groups=groups)
         super().__init__(name=name, **kwargs)
         self._members = _fit_args.Items(members)
@@ -133,7 +137,9 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         self._options = EngineOptions(
             tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
         )
-        self._set_engines(planner.build_engines(plan, members, self._options))
+        self._slot_values = slot_mode
+        with fusion_base.slot_values(self._slot_values):
+            self._set_engines(planner.build_engines(plan, members, self._options))
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -287,6 +293,27 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             ValueError: `model` differs from the member (the message says where), or its
                 optimizer has state that loading would drop.
         """
+        problem = self.load_problem(index, model)
+        if problem is not None:
+            raise ValueError(
+                f"Cannot load model `{model.name}` into member {index} of ModelPack "
+                f"{self.name}: {problem}. A loaded model may differ from the member only in "
+                "its values (weights and learning rate); build a new ModelPack for others."
+            )
+        engine, j = self._locate(index)
+        engine.load_member(j, model, self.optimizer)
+        members = list(self._members)
+        members[index] = engine.occupant(j)
+        self._members = _fit_args.Items(members)
+        self._set_member_status(index, ACTIVE)
+
+    def load_problem(self, index: int, model: keras.Model) -> str | None:
+        """Why `load_member(index, model)` would refuse `model`, or `None` when it loads.
+
+        Raises:
+            TypeError: `model` is not a `keras.Model`.
+            ValueError: `index` is not a member, or the pack is not compiled.
+        """
         self._check_index(index)
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -298,28 +325,18 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
                 "This ModelPack is not compiled: `load_member` keeps a compiled pack's step. "
                 "Compile the pack first, or pass the model to `ModelPack([...])`."
             )
-        member = self._members[index]
-        problem = (
-            (None if model.built else "it is not built; call it on data or `build` it")
-            or _slots.structure_difference(member, model)
-            or _slots.compile_difference(member, model)
-            or _slots.optimizer_difference(member.optimizer, model.optimizer)
-        )
-        if problem is None and _slots.steps_taken(model.optimizer):
-            problem = (
-                f"its optimizer has taken {_slots.steps_taken(model.optimizer)} steps, and "
-                "loading starts the member's optimizer afresh; recompile the model, or build "
-                "a new `ModelPack([...])`, which carries an optimizer's state"
-            )
-        if problem is not None:
-            raise ValueError(
-                f"Cannot load model `{model.name}` into member {index} of ModelPack "
-                f"{self.name}: {problem}. A loaded model may differ from the member only in "
-                "its weights and learning rate; build a new ModelPack for other models."
-            )
+        if not model.built:
+            return "it is not built; call it on data or `build` it"
         engine, j = self._locate(index)
-        engine.load_member(j, model, self.optimizer)
-        self._set_member_status(index, ACTIVE)
+        problem = engine.load_problem(j, model)
+        steps = _slots.steps_taken(model.optimizer)
+        if problem is None and steps:
+            problem = (
+                f"its optimizer has taken {steps} steps, and loading starts the member's "
+                "optimizer afresh; recompile the model, or build a new `ModelPack([...])`, "
+                "which carries an optimizer's state"
+            )
+        return problem
 
     def reset_member(self, index: int) -> None:
         """Restarts member `index`'s optimizer and metrics, keeping its weights.
@@ -589,13 +606,17 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
                 f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
                 "with these members fused before; build a new pack to train them."
             )
-        engines = planner.move_to_graph(
-            self._fusion_report,
-            list(self._members),
-            list(self._engines),
-            {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
-            self._options,
-        )
+        with fusion_base.slot_values(self._slot_values):
+            engines = planner.move_to_graph(
+                self._fusion_report,
+                list(self._members),
+                list(self._engines),
+                {
+                    i: f"not fused: its optimizer cannot be vectorized: {r}"
+                    for i, r in reasons.items()
+                },
+                self._options,
+            )
         self._set_engines(engines)
         message = (
             f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
@@ -963,6 +984,14 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         Under `MultiWorkerMirroredStrategy` call it on every worker (as for any Keras model
         there): the chief writes `filepath`, the other workers write nothing that stays.
         """
+        loaded = [i for e in self._engines for i in e.loaded_by_values()]
+        if loaded:
+            raise ValueError(
+                f"ModelPack {self.name} cannot be saved whole: members {sorted(loaded)} were "
+                "loaded by values into slots their fused layers were built for, which the "
+                "members' configs no longer describe. Save each member with "
+                "`pack.member(i).save(...)`, or the weights with `pack.save_weights(...)`."
+            )
         with _chief.chief_path(self, filepath) as path:
             super().save(path, *args, **kwargs)
 
@@ -984,6 +1013,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             "on_nan": self._on_nan,
             "engine": self.engine,
             "groups": [list(engine.member_ids) for engine in self._gradient_engines],
+            "_slot_values": self._slot_values,
         }
 
     @classmethod

@@ -213,3 +213,99 @@ def _stepped(model):
     x, y = _data()
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     return model
+
+
+def _sized(seed, units, activation, rate=5e-3, dropout=0.0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(units, activation=activation),
+            keras.layers.Dropout(dropout),
+            keras.layers.Dense(units // 2 + 1, activation=activation),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(rate), loss="mse", metrics=["mae"])
+    return model
+
+
+def _slot_pack():
+    specs = ((0, 8, "relu"), (1, 16, "tanh"), (2, 12, "relu"))
+    members = [_sized(seed, units, activation) for seed, units, activation in specs]
+    initial = [m.get_weights() for m in members]
+    pack = kg.ModelPack(members, _slot_values=True)
+    pack.compile()
+    return pack, specs, initial
+
+
+def _sized_alone(seed, units, activation, epochs, weights, rate=5e-3):
+    model = _sized(seed, units, activation, rate)
+    model.set_weights(weights)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    return model, history.history
+
+
+def test_a_slot_pack_takes_models_of_other_widths_and_activations():
+    """Fused layers built for slots hold widths, activations and dropout rates as data:
+    a member of another width and activation loads in place and trains as it would alone."""
+    x, y = _data()
+    pack, specs, initial = _slot_pack()
+    pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    newcomer = _sized(7, 10, "relu")
+    start = newcomer.get_weights()
+    pack.load_member(1, newcomer)
+    assert [w.shape for w in pack.member(1).get_weights()] == [w.shape for w in start]
+    history = pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+
+    reference, logs = _sized_alone(7, 10, "relu", 2, start)
+    _assert_same(pack.member(1), reference)
+    np.testing.assert_allclose(history["m1_loss"], logs["loss"], rtol=1e-5)
+    for index in (0, 2):
+        seed, units, activation = specs[index]
+        neighbour, _ = _sized_alone(seed, units, activation, 4, initial[index], rate=5e-3)
+        _assert_same(pack.member(index), neighbour)
+    # The slot can take its first member back.
+    again = _sized(1, 16, "tanh")
+    pack.load_member(1, again)
+    np.testing.assert_array_equal(pack.member(1).get_weights()[0], again.get_weights()[0])
+
+
+@pytest.mark.parametrize(
+    "newcomer, words",
+    [
+        (lambda: _sized(7, 32, "relu"), "at most"),
+        (lambda: _sized(7, 8, "sigmoid"), "activation 'sigmoid'"),
+        (lambda: _model(7), "Dropout"),
+    ],
+    ids=["too wide", "other activation", "other layers"],
+)
+def test_a_slot_pack_refuses_what_its_slots_do_not_hold(newcomer, words):
+    pack, _, initial = _slot_pack()
+    with pytest.raises(ValueError, match=words):
+        pack.load_member(1, newcomer())
+    for got, want in zip(pack.member(1).get_weights(), initial[1]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_loaded_dropout_rate_is_the_members_own():
+    pack, _, _ = _slot_pack()
+    pack.load_member(0, _sized(7, 8, "relu", dropout=0.5))
+    fused = pack._engines[0].fused
+    dropout = next(layer for layer in fused.graph.layers if hasattr(layer, "slot_rate"))
+    out = keras.ops.convert_to_numpy(dropout(keras.ops.ones((3, 400, 16)), training=True))
+    kept = out[0] != 0
+    assert 0.4 < kept.mean() < 0.6
+    np.testing.assert_allclose(out[0][kept], 2.0)
+    np.testing.assert_array_equal(out[1], 1.0)
+
+
+def test_a_pack_with_members_loaded_by_values_is_saved_member_by_member(tmp_path):
+    pack, _, _ = _slot_pack()
+    pack.save(tmp_path / "before.keras")
+    pack.load_member(1, _sized(7, 10, "relu"))
+    with pytest.raises(ValueError, match=r"pack.member\(i\).save"):
+        pack.save(tmp_path / "after.keras")
+    pack.member(1).save(tmp_path / "member.keras")
+    assert keras.models.load_model(tmp_path / "member.keras").layers[0].units == 10

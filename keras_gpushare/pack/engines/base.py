@@ -138,6 +138,28 @@ class Engine:
         """Puts `weights` into member j of this group."""
         self.members[j].set_weights(weights)
 
+    def occupant(self, j: int) -> keras.Model:
+        """The model member j's weights are read into and written from (`pack.members`)."""
+        return self.members[j]
+
+    def loaded_by_values(self) -> list[int]:
+        """The pack positions of members whose model is not the one the engine was built
+        from (loaded by values into a fused slot)."""
+        return []
+
+    def load_problem(self, j: int, model: keras.Model) -> str | None:
+        """Why `model` cannot be loaded into member j (`load_member`), or `None`.
+
+        It can when it matches the member but for its values: the same layers and
+        settings, loss and metrics, and optimizer but for its learning rate.
+        """
+        member = self.occupant(j)
+        return (
+            _slots.structure_difference(member, model)
+            or _slots.compile_difference(self.members[j], model)
+            or _slots.optimizer_difference(self.members[j].optimizer, model.optimizer)
+        )
+
     def load_member(self, j: int, model: keras.Model, optimizer: Any) -> None:
         """Puts `model`'s weights and learning rate into member j, with a fresh optimizer
         state and zeroed metrics.

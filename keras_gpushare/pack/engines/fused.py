@@ -19,7 +19,7 @@ import numpy as np
 from keras import ops, tree
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _replicas
+from keras_gpushare.pack import _replicas, _slots
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
@@ -197,6 +197,10 @@ class FusedEngine(GradientEngine):
         else:
             self.fused = fuse_planned(self.members, fusion_plan)
         self._regularized = _regularized_parts(self.fused, self.members)
+        # The models whose weights each slice is: the members, or the models loaded into
+        # their slots by values (`load_member`); `members` keep the losses and metrics the
+        # step was traced with.
+        self.views = list(self.members)
         self.loss_state = StackedMean(len(self.members), name="member_loss")
         self.metric_states: dict[str, StackedMean] = {}
         self._one_loss = None
@@ -348,10 +352,40 @@ class FusedEngine(GradientEngine):
     def learning_rate_handle(self, j: int, optimizer: Any) -> Any:
         return optimizer.optimizers[self.member_ids[j]]
 
+    def occupant(self, j: int) -> keras.Model:
+        return self.views[j]
+
+    def loaded_by_values(self) -> list[int]:
+        return [i for i, v, m in zip(self.member_ids, self.views, self.members) if v is not m]
+
+    def load_problem(self, j: int, model: keras.Model) -> str | None:
+        """As for every engine, unless the fused layers hold their settings as data: then
+        `model` may also differ from the member in what the slot holds (widths up to the
+        fused layers', activations among theirs, dropout rates)."""
+        why = self._by_values(model)[1]
+        if why is not None:
+            exact = super().load_problem(j, model)
+            return exact if exact is None or not self.fused.holds_slots else why
+        return _slots.compile_difference(self.members[j], model) or _slots.optimizer_difference(
+            self.members[j].optimizer, model.optimizer
+        )
+
+    def _by_values(self, model: keras.Model) -> tuple[list, str | None]:
+        """`model`'s layers paired with the fused ones when it loads by values, or why not."""
+        if not self.fused.holds_slots:
+            return [], "the fused layers hold their settings as constants"
+        return self.fused.slot_layers(model, self.members[0])
+
     def load_member(self, j: int, model: keras.Model, optimizer: Any) -> None:
-        """Member j's slices of the stacked weights take `model`'s; the vectorized optimizer
-        gives it `model`'s learning rate and a fresh state."""
-        self.set_member_weights(j, model.get_weights())
+        """Member j's slices of the stacked weights take `model`'s (and, when the fused
+        layers hold them, its settings: `model` then is member j's view); the vectorized
+        optimizer gives it `model`'s learning rate and a fresh state."""
+        pairs, why = self._by_values(model)
+        if why is None:
+            self.fused.load_member(j, pairs)
+            self.views[j] = model
+        else:
+            self.set_member_weights(j, model.get_weights())
         optimizer.load_member(self.member_ids[j], model.optimizer)
         self._reset_metrics(j)
 
@@ -473,22 +507,22 @@ class FusedEngine(GradientEngine):
     # Members -----------------------------------------------------------------------------
 
     def sync_members(self, optimizer: Any = None) -> None:
-        self.fused.write_to_members(self.members)
+        self.fused.write_to_members(self.views)
         if optimizer is None or not optimizer.built:
             return
-        for member in self.members:
+        for member in self.views:
             if member.optimizer is not None and not member.optimizer.built:
                 member.optimizer.build(member.trainable_variables)
         optimizer.write_state_to(
-            [m.optimizer for m in self.members],
-            self.fused.member_variable_map(self.members),
+            [m.optimizer for m in self.views],
+            self.fused.member_variable_map(self.views),
             self.member_ids,
         )
 
     def get_member_weights(self, j: int) -> list:
-        member = self.members[j]
+        member = self.views[j]
         where = {}
-        for fused_variable, parts in self.fused.member_variable_map(self.members):
+        for fused_variable, parts in self.fused.member_variable_map(self.views):
             variable, index = parts[j]
             if variable is not None:
                 where[id(variable)] = (fused_variable, index)
@@ -499,9 +533,9 @@ class FusedEngine(GradientEngine):
         return result
 
     def set_member_weights(self, j: int, weights: list) -> None:
-        member = self.members[j]
+        member = self.views[j]
         member.set_weights(weights)
-        for fused_variable, parts in self.fused.member_variable_map(self.members):
+        for fused_variable, parts in self.fused.member_variable_map(self.views):
             variable, index = parts[j]
             if variable is None:
                 continue

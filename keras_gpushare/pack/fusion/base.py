@@ -26,6 +26,21 @@ def members_loaded_after() -> Iterator[None]:
         _MEMBERS_LOADED_AFTER.reset(token)
 
 
+# Set while fused layers are built to take other members later (`load_member`): the
+# per-member settings they declare as `slot_keys` are then variables of the compiled step.
+_SLOT_VALUES = contextvars.ContextVar("slot_values", default=False)
+
+
+@contextlib.contextmanager
+def slot_values(enabled: bool = True) -> Iterator[None]:
+    """Fused layers built inside hold their `slot_keys` settings as data (see `FusedLayer`)."""
+    token = _SLOT_VALUES.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SLOT_VALUES.reset(token)
+
+
 def host_zeros(shape, dtype=None):
     """An initializer: zeros made with NumPy, which no backend compiles a program for."""
     try:
@@ -77,6 +92,12 @@ class FusedLayer(keras.layers.Layer):
       `Masking`): it uses an incoming mask as the member does and `compute_mask` returns
       the member's output mask in the fused layout (stacked when the output is stacked).
       Members whose layer uses or makes a mask do not fuse otherwise.
+    - `slot_keys` (class attribute, optional): config keys (a width, an activation, a
+      rate) that the layer can hold as per-member variables instead of constants of the
+      compiled step. A layer built for slots (`slot_values`) does so, and then takes a new
+      member in place: `slot_problem(layer)` says why `layer` does not fit the slot (a
+      width over the fused layer's, an activation it does not compute), and
+      `load_member(j, layer)` writes `layer`'s weights and settings into slot `j`.
     - `xla_pays_on_cpu` (class attribute, optional): set it to `False` when XLA's CPU
       backend computes the layer no faster than TensorFlow's own kernels (convolutions,
       pooling), so compiling a step holding it only costs time: `jit_compile="auto"` then
@@ -145,6 +166,7 @@ class FusedLayer(keras.layers.Layer):
     computes_present_only = False
     handles_masks = False
     member_state = ()
+    slot_keys = ()
     xla_pays_on_cpu = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
@@ -152,6 +174,31 @@ class FusedLayer(keras.layers.Layer):
         self.n_members = int(n_members)
         self.member_config = dict(member_config)
         self.input_stacked = input_stacked
+        self.slot_values = bool(self.slot_keys) and bool(
+            self.member_config.get("slot_values", _SLOT_VALUES.get())
+        )
+        if self.slot_values:
+            self.member_config["slot_values"] = True
+
+    def add_slot_variable(self, name, values, dtype):
+        """A `(n_members,)` variable holding one setting per member (`slot_keys`)."""
+        values = np.asarray(values, dtype=dtype)
+        return keras.layers.Layer.add_weight(
+            self,
+            shape=values.shape,
+            initializer=lambda shape, dtype=None: values,
+            dtype=dtype,
+            trainable=False,
+            name=name,
+        )
+
+    def slot_problem(self, layer):
+        """Why `layer` cannot be loaded into a slot of this layer, or `None` when it can."""
+        return None
+
+    def load_member(self, j, layer):
+        """Writes `layer`'s weights and `slot_keys` settings into slot `j`."""
+        raise NotImplementedError(f"`{type(self).__name__}` takes no member in place.")
 
     def add_weight(self, shape=None, initializer=None, *args, **kwargs):
         """`keras.layers.Layer.add_weight`; host zeros when the converter loads members after."""

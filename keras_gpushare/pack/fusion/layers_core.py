@@ -48,6 +48,7 @@ class FusedDense(FusedLayer):
     size_keys = ("units",)
     per_member_keys = ("activation", "use_bias")
     regularizer_keys = ("kernel_regularizer", "bias_regularizer")
+    slot_keys = ("units", "activation", "use_bias")
     skippable = True
     computes_present_only = True
 
@@ -58,8 +59,11 @@ class FusedDense(FusedLayer):
         self.present = [i for i, u in enumerate(self.member_units) if u]
         self.units = max(self.member_units)
         self.member_bias = [bool(b) for b in self.per_member("use_bias")]
-        self.use_bias = any(self.member_bias)
+        # Built for slots, every member may have a bias: a member loaded later may use one.
+        self.use_bias = any(self.member_bias) or self.slot_values
         self.out_layout = layout_lib.prefix(self.member_units, self.units)
+        specs = [spec for spec in self.per_member("activation") if spec is not None]
+        self.activation_specs = list({repr(spec): spec for spec in specs}.values())
 
     @classmethod
     def unsupported_reason(cls, member_config):
@@ -94,30 +98,95 @@ class FusedDense(FusedLayer):
         bias_layout = self.out_layout & np.asarray(self.member_bias)[:, None]
         self.bias_mask = _padding.mask_or_none(bias_layout)
         self._in_layout = in_layout
+        in_units = in_layout.sum(axis=1)
+        if self.slot_values and np.array_equal(in_layout, layout_lib.prefix(in_units, in_dim)):
+            specs = [repr(spec) for spec in self.activation_specs]
+            own = [repr(spec) for spec in self.per_member("activation")]
+            self.slot_in_units = self.add_slot_variable("slot_in_units", in_units, "int32")
+            self.slot_units = self.add_slot_variable("slot_units", self.member_units, "int32")
+            self.slot_activation = self.add_slot_variable(
+                "slot_activation", [specs.index(a) if a in specs else 0 for a in own], "int32"
+            )
+            self.slot_bias = self.add_slot_variable("slot_bias", self.member_bias, "float32")
+        elif self.slot_values:
+            # Features padded other than as a prefix (after a padded convolution, say):
+            # where each member's features lie is a constant of the step.
+            self.slot_values = False
+            self.member_config.pop("slot_values")
+
+    def _slot_layout(self, i):
+        """Member `i`'s input and output features and whether it has a bias, as now held."""
+        in_units = int(ops.convert_to_numpy(self.slot_in_units)[i])
+        units = int(ops.convert_to_numpy(self.slot_units)[i])
+        bias = bool(ops.convert_to_numpy(self.slot_bias)[i])
+        return np.arange(in_units), np.arange(units), bias
 
     def member_weight_index(self, k, i):
-        padded = self.kernel_mask is not None
-        rows = np.flatnonzero(self._in_layout[i])
-        cols = np.flatnonzero(self.out_layout[i])
+        if k > 1:
+            return None, None
+        if self.slot_values:
+            rows, cols, bias = self._slot_layout(i)
+            padded = True
+        else:
+            padded = self.kernel_mask is not None
+            rows = np.flatnonzero(self._in_layout[i])
+            cols = np.flatnonzero(self.out_layout[i])
+            bias = self.member_bias[i]
         if k == 0:
             return 0, ((rows, cols) if padded else None)
-        if not self.member_bias[i]:
+        if not bias:
             return None, None
         return 1, ((cols,) if padded else None)
+
+    def slot_problem(self, layer):
+        in_width, width = layer.kernel.shape
+        if width > self.units or in_width > self.kernel.shape[1]:
+            return (
+                f"its layer `{layer.name}` has a ({in_width}, {width}) kernel where the "
+                f"slot's holds at most ({self.kernel.shape[1]}, {self.units})"
+            )
+        spec = layer.get_config()["activation"]
+        if repr(spec) not in [repr(s) for s in self.activation_specs]:
+            return (
+                f"its layer `{layer.name}` uses the activation {spec!r}; the slot's layer "
+                f"computes {[s for s in self.activation_specs]}"
+            )
+        return padded_activation_problem([layer], layout_lib.prefix([width], self.units))
+
+    def load_member(self, j, layer):
+        in_width, width = layer.kernel.shape
+        kernel = np.array(ops.convert_to_numpy(self.kernel))
+        kernel[j] = 0.0
+        kernel[j, :in_width, :width] = ops.convert_to_numpy(layer.kernel)
+        self.kernel.assign(kernel)
+        bias = np.array(ops.convert_to_numpy(self.bias))
+        bias[j] = 0.0
+        if layer.use_bias:
+            bias[j, :width] = ops.convert_to_numpy(layer.bias)
+        self.bias.assign(bias)
+        specs = [repr(s) for s in self.activation_specs]
+        for variable, value in (
+            (self.slot_in_units, in_width),
+            (self.slot_units, width),
+            (self.slot_activation, specs.index(repr(layer.get_config()["activation"]))),
+            (self.slot_bias, float(layer.use_bias)),
+        ):
+            _set_row(variable, j, value)
 
     def call(self, inputs, training=None):
         n, units = self.n_members, self.units
         in_dim = self.kernel.shape[1]
         stacked = self.input_is_stacked()
         lead = ops.shape(inputs)[1:-1] if stacked else ops.shape(inputs)[:-1]
-        masks_activations = self.kernel_mask is not None and self._masks_activations(inputs)
+        padded = self.slot_values or self.kernel_mask is not None
+        masks_activations = padded and self._masks_activations(inputs)
         kernel = self.kernel
-        if self.kernel_mask is not None and not masks_activations:
-            kernel = _padding.masked(kernel, self.kernel_mask)
+        if padded and not masks_activations:
+            kernel = kernel * self._kernel_mask(kernel.dtype)
         if stacked:
             x = ops.reshape(inputs, (n, -1, in_dim))
-            if masks_activations and not layout_lib.is_full(self._in_layout):
-                x = x * self._activation_mask(self._in_layout, x.dtype)
+            if masks_activations and self._input_padded():
+                x = x * self._in_mask(x.dtype)
             if len(self.present) < n:
                 y = self._present_only_matmul(x, kernel)
             else:
@@ -134,12 +203,54 @@ class FusedDense(FusedLayer):
                     ops.reshape(ops.matmul(x, side_by_side), (-1, n, units)), (1, 0, 2)
                 )
         if masks_activations:
-            y = y * self._activation_mask(self.out_layout, y.dtype)
+            y = y * self._out_mask(y.dtype)
         y = ops.reshape(y, (n, *lead, units))
         if self.bias is not None:
-            bias = _padding.masked(self.bias, self.bias_mask)
+            bias = self.bias
+            if self.slot_values:
+                bias = bias * self._out_mask(bias.dtype)[:, 0, :] * self._slot_bias(bias.dtype)
+            else:
+                bias = _padding.masked(bias, self.bias_mask)
             y = y + self.member_broadcast(bias, len(y.shape))
+        if self.slot_values:
+            return self._slot_activate(y)
         return self.activate(y)
+
+    def _input_padded(self):
+        return self.slot_values or not layout_lib.is_full(self._in_layout)
+
+    def _in_mask(self, dtype):
+        """`(N, 1, in)`: ones where a member owns the input feature."""
+        if not self.slot_values:
+            return self._activation_mask(self._in_layout, dtype)
+        return _prefix_mask(self.slot_in_units, self.kernel.shape[1], dtype)
+
+    def _out_mask(self, dtype):
+        """`(N, 1, units)`: ones where a member owns the output feature."""
+        if not self.slot_values:
+            return self._activation_mask(self.out_layout, dtype)
+        return _prefix_mask(self.slot_units, self.units, dtype)
+
+    def _kernel_mask(self, dtype):
+        """`(N, in, units)`: ones where a member owns the kernel entry."""
+        if not self.slot_values:
+            return ops.convert_to_tensor(self.kernel_mask.astype("float32"), dtype=dtype)
+        return ops.transpose(self._in_mask(dtype), (0, 2, 1)) * self._out_mask(dtype)
+
+    def _slot_bias(self, dtype):
+        return ops.expand_dims(ops.cast(self.slot_bias, dtype), 1)
+
+    def _slot_activate(self, y):
+        """`y` through each member's activation, chosen by its held index: every activation
+        the layer computes is applied, and each member's selected."""
+        specs = self.activation_specs
+        result = keras.activations.get(specs[-1])(y)
+        if len(specs) == 1:
+            return result
+        index = self.member_broadcast(self.slot_activation, len(y.shape))
+        for c, spec in enumerate(specs[:-1]):
+            result = ops.where(ops.equal(index, c), keras.activations.get(spec)(y), result)
+        return result
 
     def _masks_activations(self, inputs):
         """Whether padding is kept at zero by masking activations rather than the kernel.
@@ -154,7 +265,7 @@ class FusedDense(FusedLayer):
         known = all(isinstance(d, (int, np.integer)) for d in shape)
         rows = int(np.prod(shape, dtype=int)) if known else ASSUMED_ROWS
         in_dim = self.kernel.shape[1]
-        padded_in = 0 if layout_lib.is_full(self._in_layout) else in_dim
+        padded_in = in_dim if self._input_padded() else 0
         return rows * (padded_in + self.units) < in_dim * self.units
 
     def _activation_mask(self, layout, dtype):
@@ -176,6 +287,20 @@ class FusedDense(FusedLayer):
 
     def compute_mask(self, inputs, mask=None):
         return self.stacked_mask(mask)
+
+
+def _prefix_mask(widths, size, dtype):
+    """`(N, 1, size)`: ones on the first `widths[i]` features of member `i`."""
+    positions = ops.expand_dims(ops.arange(size, dtype="int32"), 0)
+    owned = ops.less(positions, ops.expand_dims(ops.convert_to_tensor(widths), 1))
+    return ops.expand_dims(ops.cast(owned, dtype), 1)
+
+
+def _set_row(variable, row, value):
+    """Assigns `value` to row `row` of `variable`, leaving the other rows."""
+    values = np.array(ops.convert_to_numpy(variable))
+    values[row] = value
+    variable.assign(values)
 
 
 def _members(tensor, ids):
@@ -299,6 +424,7 @@ class FusedDropout(FusedLayer):
     """
 
     per_member_keys = ("rate",)
+    slot_keys = ("rate",)
     handles_masks = True
     passes_layout = True
     skippable = True
@@ -310,20 +436,32 @@ class FusedDropout(FusedLayer):
         self.noise_shape = None if noise_shape is None else (n_members, *noise_shape)
         self.seed_generator = keras.random.SeedGenerator(member_config.get("seed"))
 
+    def build(self, input_shape):
+        if self.slot_values:
+            self.slot_rate = self.add_slot_variable("slot_rate", self.rates, "float32")
+
+    def member_weight_index(self, k, i):
+        return None, None
+
+    def load_member(self, j, layer):
+        _set_row(self.slot_rate, j, float(layer.rate))
+
     def call(self, inputs, training=None):
         x = self.to_stacked(inputs)
-        if not training or not any(self.rates):
+        if not training or not (any(self.rates) or self.slot_values):
             return x
-        if len(set(self.rates)) == 1:
+        if len(set(self.rates)) == 1 and not self.slot_values:
             return keras.random.dropout(
                 x, self.rates[0], noise_shape=self.noise_shape, seed=self.seed_generator
             )
         shape = ops.shape(x)
         if self.noise_shape is not None:
             shape = [shape[i] if d is None else d for i, d in enumerate(self.noise_shape)]
-        keep = self.member_broadcast(
-            ops.convert_to_tensor([1.0 - r for r in self.rates], dtype=x.dtype), len(x.shape)
-        )
+        if self.slot_values:
+            keep = 1.0 - ops.cast(self.slot_rate, x.dtype)
+        else:
+            keep = ops.convert_to_tensor([1.0 - r for r in self.rates], dtype=x.dtype)
+        keep = self.member_broadcast(keep, len(x.shape))
         draw = keras.random.uniform(shape, seed=self.seed_generator, dtype=x.dtype)
         return ops.where(draw < keep, x / ops.maximum(keep, 1e-12), ops.zeros_like(x))
 

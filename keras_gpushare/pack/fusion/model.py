@@ -8,8 +8,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_gpushare.pack.fusion import converter
+from keras_gpushare.pack.fusion import converter, registry
 from keras_gpushare.pack.fusion.base import members_loaded_after
+from keras_gpushare.pack.fusion.layers_core import FusedSkip
 from keras_gpushare.pack.fusion.report import inspect_members
 
 logger = logging.getLogger(__name__)
@@ -123,11 +124,91 @@ class FusedModel(keras.Model):
             members: The N member models. Defaults to none (required).
         """
         for fused_variable, parts in self.member_variable_map(members):
+            if all(variable is None for variable, _ in parts):
+                continue  # The layer's own (the settings a slot holds), not the members'.
             value = np.zeros(fused_variable.shape, dtype=fused_variable.dtype)
             for i, (variable, index) in enumerate(parts):
                 if variable is not None:
                     set_member_part(value, i, index, ops.convert_to_numpy(variable))
             fused_variable.assign(value)
+
+    @property
+    def holds_slots(self) -> bool:
+        """Whether some fused layer holds its members' settings as data (`slot_values`)."""
+        return any(getattr(layer, "slot_values", False) for layer in self.graph.layers)
+
+    def slot_layers(self, model: keras.Model, member: keras.Model) -> tuple[list, str | None]:
+        """`model`'s layer for each fused layer, when `model` can take a slot by values.
+
+        It can when every fused layer with weights holds its members' settings as data
+        (`FusedLayer.slot_values`), no member skips a layer, and `model`'s layers are this
+        model's, call for call, each within what its fused layer holds.
+
+        Args:
+            model: the model to load.
+            member: a model this fused model was built from (for the layers' classes).
+
+        Returns:
+            `(pairs, None)` with `(fused layer, model's layer)` pairs, or `([], why not)`.
+        """
+        graph, why = converter.member_graph(model)
+        if why:
+            return [], why
+        reference, _ = converter.member_graph(member)
+        pairs = []
+        for layer in self.graph.layers:
+            positions = self.layer_index.get(layer.name)
+            if positions is None:
+                if isinstance(layer, FusedSkip):
+                    return [], "the slot's members differ in depth"
+                continue
+            if not isinstance(positions, int):
+                if len(set(positions)) != 1:
+                    return [], "the slot's members differ in depth"
+                positions = positions[0]
+            pairs.append((layer, positions))
+        kinds = [type(layer).__name__ for layer in graph.layers]
+        expected = [type(reference.layers[p]).__name__ for _, p in pairs]
+        if len(graph.layers) != len(pairs) or any(
+            kinds[p] != kind for (_, p), kind in zip(pairs, expected)
+        ):
+            return [], (
+                f"its layers are {', '.join(kinds)}; the slot's members' {', '.join(expected)}"
+            )
+        pairs = [(layer, graph.layers[p]) for layer, p in pairs]
+        for fused_layer, layer in pairs:
+            if fused_layer.weights and not fused_layer.slot_values:
+                return [], f"the slot's layer `{fused_layer.name}` holds its settings as constants"
+            if any(
+                value is not None
+                for key in fused_layer.regularizer_keys
+                for value in fused_layer.per_member(key)
+            ):
+                return [], f"the slot's layer `{fused_layer.name}` has weight regularizers"
+            fused_class = registry.fused_form(type(layer))
+            if fused_class is not type(fused_layer):
+                return [], f"its layer `{layer.name}` is a `{type(layer).__name__}`"
+            keys = fused_layer.slot_keys if fused_layer.slot_values else ()
+            config = converter.comparable_config(layer.get_config(), keys)
+            expected = converter.comparable_config(_member_config(fused_layer), keys)
+            if config != expected:
+                key = next(
+                    k for k in sorted({*config, *expected}) if config.get(k) != expected.get(k)
+                )
+                return [], (
+                    f"its layer `{layer.name}` sets `{key}={config.get(key)!r}` where the slot's "
+                    f"has {expected.get(key)!r}"
+                )
+            problem = fused_layer.slot_problem(layer) if fused_layer.slot_values else None
+            if problem:
+                return [], problem
+        return pairs, None
+
+    def load_member(self, j: int, pairs: list) -> None:
+        """Writes each model layer of `pairs` (from `slot_layers`) into slot `j`."""
+        for fused_layer, layer in pairs:
+            if fused_layer.slot_values:
+                fused_layer.load_member(j, layer)
 
     def write_to_members(self, members: Sequence[keras.Model]) -> None:
         """Copy each slice of the stacked weights back into its member model.
@@ -222,6 +303,12 @@ def fuse_planned(
     fused.load_from_members(members)
     logger.debug("Fused %d members into %s.", len(members), fused.name)
     return fused
+
+
+def _member_config(fused_layer: Any) -> dict:
+    """The member layer config a fused layer was made from (member 0's values)."""
+    own = ("per_member", "input_layouts", "slot_values")
+    return {k: v for k, v in fused_layer.member_config.items() if k not in own}
 
 
 def _axes(index, shape):
