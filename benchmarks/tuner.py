@@ -3,7 +3,8 @@
 Every method runs the same search (RandomSearch, or Hyperband with `--oracle hyperband`;
 same seed, so the same hyperparameter sets) for the same epochs on the same data: plain
 KerasTuner one trial after the other; ParallelTuner with executor="pack" at K=4, 8, 16 trials
-per pack; ParallelTuner with executor="processes" and 2 workers. Two search spaces:
+per pack; with executor="slots" at K=8, 16 slots (`--slots`); with executor="processes" and
+2 workers. Two search spaces:
 
 - `small` (default): one hidden layer of 32/64/128 units, dropout rate, log learning rate.
 - `getting-started`: KerasTuner's getting-started space on MNIST-shaped synthetic data
@@ -23,7 +24,7 @@ steady epochs, as a search streaming its trials through one compiled program (sl
 best on this machine, padding and refilling slots taken as free.
 
     python benchmarks/tuner.py [--space small|getting-started] [--quick] [--trials 16]
-        [--epochs 5] [--packs 4,8,16] [--oracle random|hyperband] [--bound]
+        [--epochs 5] [--packs 4,8,16] [--slots 8,16] [--oracle random|hyperband] [--bound]
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ class _Engines(logging.Handler):
         self.engines: collections.Counter = collections.Counter()
 
     def emit(self, record: logging.LogRecord) -> None:
-        match = re.search(r"one pack of (\d+) models \((\w+) engine\)", record.getMessage())
+        match = re.search(
+            r"(?:one pack of|in) (\d+) (?:models|slots) \((\w+) engine\)", record.getMessage()
+        )
         if match:
             self.engines[match.group(2)] += int(match.group(1))
 
@@ -240,6 +243,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--packs", default="4,8,16", help="pack sizes K to run")
+    parser.add_argument(
+        "--slots", default="8,16", help='slot counts K of executor="slots" to run ("" for none)'
+    )
     parser.add_argument("--workers", type=int, default=2, help="processes executor workers")
     parser.add_argument(
         "--bound",
@@ -249,9 +255,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.trials, args.epochs, args.packs, args.samples = 4, 2, "4", 1024
+        args.slots = "4" if args.slots else ""
     data = make_data(args.samples, args.space)
     methods = [("plain", 1)]
     methods += [("pack", int(k)) for k in args.packs.split(",") if k]
+    methods += [("slots", int(k)) for k in args.slots.split(",") if k]
     if args.workers:
         methods.append(("processes", args.workers))
     root = tempfile.mkdtemp(prefix="kg-tuner-bench-")

@@ -22,7 +22,7 @@ logger = logging.getLogger("keras_gpushare.tuner")
 
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
-_EXECUTORS = ("pack", "processes")
+_EXECUTORS = ("pack", "slots", "processes")
 # Arguments of KerasTuner's built-in tuners (RandomSearch, ...) that configure the oracle.
 _ORACLE_ARGUMENTS = (
     "hyperparameters",
@@ -87,7 +87,9 @@ class ParallelTuner(keras_tuner.Tuner):
         max_trials: trials in all, for the default oracle. Defaults to `None` (10).
         parallel_trials: trials running at once (pack size or worker count). Defaults to
             `4`.
-        executor: `"pack"` or `"processes"`. Defaults to `"pack"`.
+        executor: `"pack"`, `"slots"` (trials streamed through the slots of packs kept
+            for the search, refilled in place as trials end) or `"processes"`. Defaults to
+            `"pack"`.
         fuse: passed to `ModelPack` (`"auto"`, `True`, `False`). Defaults to `"auto"`.
         seed: seed of the default oracle. Defaults to `None`.
         memory_limit_mb: with `executor="processes"` on a GPU, each worker's memory cap in
@@ -211,10 +213,12 @@ class ParallelTuner(keras_tuner.Tuner):
         """The executor named `executor`: the one place that reads the argument."""
         from keras_gpushare.tuner._pack_executor import PackExecutor
         from keras_gpushare.tuner._process_executor import ProcessExecutor
+        from keras_gpushare.tuner._slot_executor import SlotExecutor
 
         args, kwargs = self._init_call
         executors = {
             "pack": lambda: PackExecutor(self._trial_calls()),
+            "slots": lambda: SlotExecutor(self._trial_calls()),
             "processes": lambda: ProcessExecutor(
                 self.parallel_trials, self.memory_limit_mb, type(self), args, kwargs
             ),
@@ -298,7 +302,7 @@ class ParallelTuner(keras_tuner.Tuner):
         if self._executor.workers is None and self._runs_alone() is None:
             feed = TrialFeed(
                 slots=self.parallel_trials,
-                next_trials=lambda slots: self._next_trials(slots, remote),
+                next_trials=lambda slots, running=False: self._next_trials(slots, remote, running),
                 end_trials=self._end_round,
             )
             self._executor.run(feed, fit_args, fit_kwargs)
@@ -360,11 +364,12 @@ class ParallelTuner(keras_tuner.Tuner):
             _upstream.run_and_update_trial(self, trial, *fit_args, **fit_kwargs)
             self.on_trial_end(trial)
 
-    def _next_trials(self, slots: Any, remote: bool) -> list:
+    def _next_trials(self, slots: Any, remote: bool, running: bool = False) -> list:
         """A trial for each slot the oracle has one for, begun; `[]` when the search is over.
 
         While the oracle answers IDLE, a remote worker waits (its chief's other workers end
-        trials); this process's own search ends, as no trial end can change the answer.
+        trials); this process's own search ends, as no trial end can change the answer,
+        unless some of its trials are `running` (then `[]` means: none until one ends).
         """
         tuner_ids = [f"{self.tuner_id}-{i}" for i in slots]
         while True:
@@ -373,7 +378,7 @@ class ParallelTuner(keras_tuner.Tuner):
                 for trial in trials:
                     self.on_trial_begin(trial)
                 return trials
-            if stopped:
+            if stopped or (running and not remote):
                 return []
             if not remote:
                 _warn_idle()
@@ -652,8 +657,9 @@ def _check_arguments(parallel_trials: Any, executor: Any, fuse: Any, memory_limi
     if executor not in _EXECUTORS:
         raise ValueError(
             f'Invalid value for argument `executor`: got {executor!r}. Expected "pack" '
-            '(trials trained together as ModelPacks) or "processes" (one worker process '
-            "per trial)."
+            '(trials trained together as ModelPacks), "slots" (trials streamed through the '
+            'slots of packs kept for the search) or "processes" (one worker process per '
+            "trial)."
         )
     if fuse not in ("auto", True, False):
         raise ValueError(

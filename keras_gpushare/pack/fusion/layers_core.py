@@ -217,7 +217,11 @@ class FusedDense(FusedLayer):
         return self.activate(y)
 
     def _input_padded(self):
-        return self.slot_values or not layout_lib.is_full(self._in_layout)
+        """Whether some member may own fewer input features than the kernel holds: a
+        replicated input is every member's whole input."""
+        if self.slot_values:
+            return self.input_is_stacked()
+        return not layout_lib.is_full(self._in_layout)
 
     def _in_mask(self, dtype):
         """`(N, 1, in)`: ones where a member owns the input feature."""

@@ -1,7 +1,8 @@
 """Runs the same search with a KerasTuner tuner and with ParallelTuner, and compares them.
 
 `KIND`s: "kt" is KerasTuner's own tuner; an integer K is `ParallelTuner(parallel_trials=K,
-executor="pack")`; `PROCESSES` is `ParallelTuner(parallel_trials=2, executor="processes")`
+executor="pack")`; `SLOTS` is `ParallelTuner(parallel_trials=4, executor="slots")`;
+`PROCESSES` is `ParallelTuner(parallel_trials=2, executor="processes")`
 (two worker processes, each importing TensorFlow: a few seconds a search). What a user sees
 is put side by side: trials (ids, hyperparameters, statuses, scores, best steps, recorded
 metrics, last line of the message), printed output (numbers and durations masked), files
@@ -27,7 +28,8 @@ import keras_gpushare as kg
 
 # parallel_trials=1 runs only with the slow tests (`make test-all`): K=4 is what packs do,
 # K=1 the degenerate round of one trial.
-PARALLEL = [pytest.param(1, marks=pytest.mark.slow), 4]
+SLOTS = "slots"
+PARALLEL = [pytest.param(1, marks=pytest.mark.slow), 4, SLOTS]
 PROCESSES = "processes"
 PROCESS_WORKERS = 2
 # The processes executor where a case's scenario is the same: in the default run for the
@@ -114,6 +116,9 @@ def make(kind, oracle=None, hypermodel=build, base_kt=None, mixin=None, fuse="au
     if kind == PROCESSES:
         kwargs["executor"] = "processes"
         kind = PROCESS_WORKERS
+    elif kind == SLOTS:
+        kwargs["executor"] = "slots"
+        kind = 4
     return cls(hypermodel=hypermodel, parallel_trials=kind, fuse=fuse, **kwargs)
 
 

@@ -1,0 +1,342 @@
+"""The "slots" executor: trials streamed through the slots of compiled packs, refilled in place.
+
+The pack executor trains a round of K trials as new packs and waits for the round's slowest
+trial; every round builds, fuses, traces and compiles again. This executor keeps each pack it
+builds (a "program") for the rest of the search: when a trial ends (its epochs done, stopped
+early), its slot frees at once, the next trial is asked for, and a trial whose model fits a
+free slot (`ModelPack.load_member`: the same layers, widths up to the slot's, an activation
+among the slot's, any dropout rate and learning rate) is loaded into it and starts at the
+next epoch, with no new trace. Trials that fit no free slot open a new program together.
+Each slot counts its own trial's epochs; the trial's callbacks, checkpoint, tuner hooks and
+outcome are the pack executor's. Trials whose model trains itself run alone with KerasTuner's
+`run_trial` while no program is training (it clears the Keras session).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import defaultdict, deque
+from typing import Any
+
+import keras
+
+from keras_gpushare.pack import ModelPack
+from keras_gpushare.pack._member_callbacks import member_logs
+from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome
+from keras_gpushare.tuner._pack_executor import (
+    PackExecutor,
+    _batch_size,
+    _compile_args,
+    _error_line,
+    _not_trained,
+    _own_training,
+    _prepare,
+    _run_alone,
+    _start_epoch,
+)
+from keras_gpushare.tuner._trial_callbacks import TrialRun, implements_batch_hooks
+
+logger = logging.getLogger("keras_gpushare.tuner")
+
+# Programs kept with every slot free, for trials to come; the oldest go first beyond this.
+MAX_IDLE_PROGRAMS = 2
+
+
+class _Program:
+    """One compiled pack, the trial execution in each of its slots (`None`: free), and the
+    trials it was opened for."""
+
+    def __init__(
+        self, number: int, pack: ModelPack, runs: list[TrialRun], batch_key: str, batch_hooks: bool
+    ) -> None:
+        self.number = number
+        self.pack = pack
+        self.batch_key = batch_key
+        self.slots: list[TrialRun | None] = list(runs)
+        self.batch_hooks = batch_hooks
+        self.opened_for = ", ".join(dict.fromkeys(run.trial.trial_id for run in runs))
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i, run in enumerate(self.slots) if run is not None]
+
+    def free_slot_for(self, model: keras.Model) -> int | None:
+        """A free slot `model` loads into, or `None`."""
+        for i, occupant in enumerate(self.slots):
+            if occupant is None and self.pack.load_problem(i, model) is None:
+                return i
+        return None
+
+
+class _SlotEpoch(keras.callbacks.Callback):
+    """One epoch of a program: each slot's trial sees its own epoch number and figures."""
+
+    def __init__(self, program: _Program, optimizer_state: bool) -> None:
+        super().__init__()
+        self.program = program
+        self.optimizer_state = optimizer_state
+        self.ended: list[tuple[int, TrialRun]] = []
+
+    def _runs(self) -> list[tuple[int, TrialRun]]:
+        return [(i, self.program.slots[i]) for i in self.program.active]
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        for index, run in self._runs():
+            mlogs = member_logs(logs, index)
+            run.calls.on_epoch_begin(run.trial, run.model, run.next_epoch, logs=mlogs)
+            for callback in run.callbacks:
+                callback.on_epoch_begin(run.next_epoch, mlogs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        members = self.program.pack._refreshed_members(optimizer_state=self.optimizer_state)
+        for index, run in self._runs():
+            run.model = members[index]
+            mlogs = member_logs(logs, index)
+            run.record(run.next_epoch, mlogs)
+            run.checkpoint.update(run.model, mlogs)
+            run.calls.on_epoch_end(run.trial, run.model, run.next_epoch, logs=mlogs)
+            for callback in run.callbacks:
+                callback.on_epoch_end(run.next_epoch, mlogs)
+            run.next_epoch += 1
+            if run.model.stop_training or run.next_epoch >= run.last_epoch:
+                self.ended.append((index, run))
+
+
+class _SlotEpochWithBatches(_SlotEpoch):
+    """`_SlotEpoch` that also forwards train-batch events to each slot's trial."""
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        for index, run in self._runs():
+            mlogs = member_logs(logs, index)
+            run.calls.on_batch_begin(run.trial, run.model, batch, mlogs)
+            for callback in run.callbacks:
+                callback.on_train_batch_begin(batch, mlogs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        for index, run in self._runs():
+            mlogs = member_logs(logs, index)
+            run.calls.on_batch_end(run.trial, run.model, batch, mlogs)
+            for callback in run.callbacks:
+                callback.on_train_batch_end(batch, mlogs)
+
+
+class SlotExecutor(PackExecutor):
+    """The "slots" executor (see the module docstring).
+
+    Args:
+        calls: what training a trial needs from the tuner.
+    """
+
+    def __init__(self, calls: TrialCalls) -> None:
+        super().__init__(calls)
+        self._programs: list[_Program] = []
+
+    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        self._feed, self._fit_args, self._fit_kwargs = feed, fit_args, fit_kwargs
+        self._programs = []
+        self._numbers = itertools.count()
+        self._slot_of: dict[str, int] = {}
+        self._runs_of: dict[str, list[TrialRun]] = {}
+        self._trials: dict[str, Any] = {}
+        self._paths: dict[str, dict[str, str]] = {}
+        self._alone: dict[str, dict[str, str]] = {}
+        self._free = deque(range(feed.slots))
+        keras.backend.clear_session()
+        while True:
+            new = self._ask()
+            self._place(new)
+            if not self._running():
+                self._run_waiting_alone()
+                if not new and not self._alone:
+                    return
+                continue
+            for program in list(self._programs):
+                if program.active:
+                    self._train_epoch(program)
+
+    # Trials in ----------------------------------------------------------------------------
+
+    def _running(self) -> int:
+        return sum(len(p.active) for p in self._programs)
+
+    def _ask(self) -> list:
+        """A trial for each free slot number the oracle has one for now."""
+        trials = []
+        while self._free:
+            number = self._free[0]
+            busy = bool(self._running() or trials or self._alone)
+            got = self._feed.next_trials([number], running=busy)
+            if not got:
+                break
+            self._free.popleft()
+            self._slot_of[got[0].trial_id] = number
+            trials.extend(got)
+        return trials
+
+    def _place(self, trials: list) -> None:
+        """Loads each trial's models into free slots that fit, or opens programs for them."""
+        waiting: list[TrialRun] = []
+        for trial in trials:
+            self._trials[trial.trial_id] = trial
+            try:
+                runs = _prepare(self.calls, trial, self._fit_kwargs)
+            except Exception as e:
+                self._end(trial, TrialOutcome(error=e, path=_not_trained(e)))
+                continue
+            own = _own_training(runs[0].model)
+            if own:
+                self._alone[trial.trial_id] = {"path": "alone", "why": f"its model overrides {own}"}
+                continue
+            self._runs_of[trial.trial_id] = runs
+            for run in runs:
+                run.next_epoch = _start_epoch(run, self._fit_kwargs)
+                if not self._load(run):
+                    waiting.append(run)
+        by_batch: dict[str, list[TrialRun]] = defaultdict(list)
+        for run in waiting:
+            by_batch[repr(_batch_size(run, self._fit_kwargs))].append(run)
+        for runs in by_batch.values():
+            self._open(runs)
+
+    def _load(self, run: TrialRun) -> bool:
+        """Loads `run` into a free slot of a program of its batch size; whether one took it."""
+        batch_size = repr(_batch_size(run, self._fit_kwargs))
+        for program in self._programs:
+            if program.batch_key != batch_size:
+                continue
+            index = program.free_slot_for(run.model)
+            if index is None:
+                continue
+            program.pack.load_member(index, run.model)
+            program.slots[index] = run
+            self._begin(program, index, run)
+            why = (
+                f"loaded into slot {index} of program {program.number} (compiled for trials "
+                f"{program.opened_for}) when a slot freed, with no new trace"
+            )
+            self._paths[run.trial.trial_id] = _path(program, index, why)
+            return True
+        return False
+
+    def _open(self, runs: list[TrialRun]) -> None:
+        """A new program for `runs`; runs alone (KerasTuner's code) the trials it cannot take."""
+        callbacks = [cb for run in runs for cb in run.callbacks]
+        batch_hooks = self.calls.batch_hooks or implements_batch_hooks(callbacks)
+        try:
+            pack = ModelPack(
+                [run.model for run in runs],
+                fuse=self.calls.fuse,
+                on_nan="ignore",
+                _slot_values=True,
+            )
+            pack.compile(**_compile_args(runs, batch_hooks))
+        except Exception as e:
+            for trial_id in dict.fromkeys(run.trial.trial_id for run in runs):
+                self._runs_of.pop(trial_id, None)
+                why = f"a program for it could not be built: {_error_line(e)}"
+                self._alone[trial_id] = {"path": "alone", "why": why}
+            return
+        batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
+        program = _Program(next(self._numbers), pack, runs, batch_key, batch_hooks)
+        idle = [p for p in self._programs if not p.active]
+        for old in idle[: max(0, len(idle) + 1 - MAX_IDLE_PROGRAMS)]:
+            self._programs.remove(old)
+        self._programs.append(program)
+        logger.info(
+            "Program %d: trials %s in %d slots (%s engine).",
+            program.number,
+            program.opened_for,
+            len(runs),
+            pack.engine,
+        )
+        for index, run in enumerate(runs):
+            self._begin(program, index, run)
+            why = f"opened program {program.number} with trials {program.opened_for}"
+            self._paths[run.trial.trial_id] = _path(program, index, why)
+
+    def _begin(self, program: _Program, index: int, run: TrialRun) -> None:
+        """The trial execution starts in slot `index`: its callbacks see `on_train_begin`."""
+        run.model = program.pack.members[index]
+        run.index = index
+        params = {"epochs": run.last_epoch, "verbose": 0, "steps": None}
+        for callback in run.callbacks:
+            callback.set_model(run.model)
+            callback.set_params(params)
+            callback.on_train_begin({})
+        if run.next_epoch >= run.last_epoch:
+            self._slot_ended(program, index, run)
+
+    # Training -----------------------------------------------------------------------------
+
+    def _train_epoch(self, program: _Program) -> None:
+        """One epoch of `program`; ends the trials whose last epoch it was."""
+        kwargs = dict(self._fit_kwargs)
+        kwargs.pop("callbacks", None)
+        kwargs.update(epochs=1, initial_epoch=0)
+        runs = [program.slots[i] for i in program.active]
+        batch_size = _batch_size(runs[0], self._fit_kwargs)
+        if batch_size is not None:
+            kwargs["batch_size"] = batch_size
+        optimizer_state = any(run.callbacks for run in runs) or self.calls.epoch_end_hook
+        hooks = _SlotEpochWithBatches if program.batch_hooks else _SlotEpoch
+        epoch = hooks(program, bool(optimizer_state))
+        try:
+            program.pack.fit(*self._fit_args, callbacks=[epoch], **kwargs)
+        except Exception as e:
+            self._programs.remove(program)
+            logger.warning(
+                "Program %d raised %s: %s; its trials run alone.",
+                program.number,
+                type(e).__name__,
+                e,
+            )
+            for index in program.active:
+                trial_id = program.slots[index].trial.trial_id
+                if trial_id in self._runs_of:
+                    for run in self._runs_of.pop(trial_id):
+                        run.checkpoint.clear()
+                    why = f"its program {program.number} raised {_error_line(e)}"
+                    self._alone[trial_id] = {"path": "alone", "why": why}
+            return
+        for index, run in epoch.ended:
+            self._slot_ended(program, index, run)
+
+    def _slot_ended(self, program: _Program, index: int, run: TrialRun) -> None:
+        """Frees slot `index`; ends the trial once all its executions have ended."""
+        program.slots[index] = None
+        program.pack.stop_member(index)
+        run.active = False
+        trial_id = run.trial.trial_id
+        runs = self._runs_of.get(trial_id, [])
+        if any(r.active for r in runs):
+            return
+        self._runs_of.pop(trial_id, None)
+        runs[0].checkpoint.write()
+        for r in runs:
+            logs = {k: v[-1] for k, v in r.history.items()}
+            for callback in r.callbacks:
+                callback.on_train_end(logs)
+        self.calls.save_build_config(trial_id, runs[0].model)
+        outcome = TrialOutcome(results=[r.results() for r in runs], path=self._paths[trial_id])
+        self._end(self._trials[trial_id], outcome)
+
+    def _run_waiting_alone(self) -> None:
+        """Trials that must train alone, with KerasTuner's `run_trial`, while no program is.
+
+        It clears the Keras session, so the idle programs are let go first."""
+        if self._alone:
+            self._programs = []
+        for trial_id, path in list(self._alone.items()):
+            del self._alone[trial_id]
+            trial = self._trials[trial_id]
+            self._end(trial, _run_alone(self.calls, trial, path, self._fit_args, self._fit_kwargs))
+
+    def _end(self, trial: Any, outcome: TrialOutcome) -> None:
+        """Reports the trial's outcome to the oracle and frees its slot number."""
+        self._feed.end_trials([trial], {trial.trial_id: outcome})
+        self._free.append(self._slot_of.pop(trial.trial_id))
+
+
+def _path(program: _Program, index: int, why: str) -> dict[str, str]:
+    return {"path": "slot", "program": str(program.number), "slot": str(index), "why": why}

@@ -1,0 +1,94 @@
+"""`executor="slots"`: trials streamed through the slots of packs kept for the search.
+
+A trial loaded into a slot that another trial used before trains as KerasTuner's own tuner
+trains it (same scores, metrics and best steps, checked against `keras_tuner.RandomSearch`
+on the same code), the slots are refilled without a new program where the trial fits
+(`trial_paths` say which program and slot), and a trial of another depth opens a program
+of its own. Runs on TensorFlow and JAX.
+"""
+
+import os
+import sys
+
+import keras
+import keras_tuner
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "conformance"))
+
+from kt_twins import assert_same_trials  # noqa: E402
+
+import keras_gpushare as kg  # noqa: E402
+
+FIT = dict(epochs=2, validation_split=0.25, shuffle=False, verbose=0)
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    y = (x[:, :2].sum(axis=1, keepdims=True) > 0).astype("float32")
+    return x, y
+
+
+def build(hp, depth=1) -> keras.Model:
+    """Widths, activations, dropout rates and learning rates a slot holds as data; depth
+    (`layers`) a program's structure."""
+    units = hp.Choice("units", [2, 4, 8])
+    activation = hp.Choice("activation", ["relu", "tanh"])
+    keras.utils.set_random_seed(units)
+    layers = [keras.Input((6,))]
+    for _ in range(hp.Int("layers", 1, depth)):
+        layers += [keras.layers.Dense(units, activation=activation), keras.layers.Dropout(0.0)]
+    model = keras.Sequential([*layers, keras.layers.Dense(1, activation="sigmoid")])
+    lr = hp.Float("lr", 1e-3, 1e-1, sampling="log")
+    model.compile(keras.optimizers.SGD(lr), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _search(tmp_path, kind, max_trials=9, hypermodel=build, fit=FIT):
+    kwargs = dict(
+        hypermodel=hypermodel,
+        objective="val_loss",
+        max_trials=max_trials,
+        seed=5,
+        directory=str(tmp_path),
+        project_name=kind,
+    )
+    if kind == "kt":
+        tuner = keras_tuner.RandomSearch(**kwargs)
+    else:
+        tuner = kg.tuner.ParallelTuner(parallel_trials=3, executor=kind, **kwargs)
+    tuner.search(*_data(), **fit)
+    return tuner
+
+
+def test_streamed_trials_match_keras_tuner_and_refill_slots(tmp_path):
+    reference = _search(tmp_path, "kt")
+    tuner = _search(tmp_path, "slots")
+    assert_same_trials(reference, tuner)
+    paths = tuner.trial_paths()
+    assert {p["path"] for p in paths.values()} == {"slot"}
+    loaded = [p for p in paths.values() if p["why"].startswith("loaded into slot")]
+    assert loaded, paths
+    # Nine trials through three slots: most of them refill a slot of a program already built.
+    assert len({p["program"] for p in paths.values()}) < len(paths) // 2
+
+
+def _deeper(hp) -> keras.Model:
+    return build(hp, depth=2)
+
+
+def test_a_trial_that_fits_no_slot_opens_a_program_and_still_matches(tmp_path):
+    reference = _search(tmp_path, "kt", max_trials=6, hypermodel=_deeper)
+    tuner = _search(tmp_path, "slots", max_trials=6, hypermodel=_deeper)
+    assert_same_trials(reference, tuner)
+    programs = {p["program"] for p in tuner.trial_paths().values()}
+    assert len(programs) >= 2
+
+
+def test_results_summary_says_where_each_trial_trained(tmp_path, capsys):
+    tuner = _search(tmp_path, "slots", max_trials=4)
+    tuner.results_summary()
+    printed = capsys.readouterr().out
+    assert "program 0" in printed
+    assert "slot" in printed
