@@ -126,7 +126,8 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         # Fused layers hold their members' settings as data, so `load_member` takes models
         # of other widths, activations and dropout rates (the tuner's slots).
         slot_mode = bool(kwargs.pop("_slot_values", False))
-        plan = planner.plan_engines(members, fuse, data, groups=groups)
+        with fusion_base.slot_values(slot_mode):
+            plan = planner.plan_engines(members, fuse, data, groups=groups)
         super().__init__(name=name, **kwargs)
         self._members = _fit_args.Items(members)
         self._data_mode = data
@@ -744,6 +745,13 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             for i, (member, batch) in enumerate(zip(self._members, batches)):
                 if members is None or i in members:
                     members_lib.build_member(member, batch, build_optimizer=i in eager)
+            # A member loaded by values before the first step: its engine keeps the loss
+            # and metrics of the member it was built with, which must be built too.
+            for engine in self._gradient_engines:
+                for i in engine.loaded_by_values():
+                    if members is None or i in members:
+                        original = engine.members[list(engine.member_ids).index(i)]
+                        members_lib.build_member(original, batches[i], build_optimizer=False)
             if self.compiled:
                 y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
                 for engine in self._gradient_engines:

@@ -70,13 +70,16 @@ class _Program:
 
 
 class _SlotEpoch(keras.callbacks.Callback):
-    """One epoch of a program: each slot's trial sees its own epoch number and figures."""
+    """A program's epochs: each slot's trial sees its own epoch number and figures; at each
+    epoch's end, `refill(ended)` ends the trials whose last epoch it was and refills their
+    slots, and says whether the fit should stop (no trial left, or trials wait for another
+    program)."""
 
-    def __init__(self, program: _Program, optimizer_state: bool) -> None:
+    def __init__(self, program: _Program, optimizer_state: bool, refill: Any) -> None:
         super().__init__()
         self.program = program
         self.optimizer_state = optimizer_state
-        self.ended: list[tuple[int, TrialRun]] = []
+        self.refill = refill
 
     def _runs(self) -> list[tuple[int, TrialRun]]:
         return [(i, self.program.slots[i]) for i in self.program.active]
@@ -89,8 +92,11 @@ class _SlotEpoch(keras.callbacks.Callback):
                 callback.on_epoch_begin(run.next_epoch, mlogs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        members = self.program.pack._refreshed_members(optimizer_state=self.optimizer_state)
-        for index, run in self._runs():
+        runs = self._runs()
+        optimizer_state = self.optimizer_state or any(run.callbacks for _, run in runs)
+        members = self.program.pack._refreshed_members(optimizer_state=optimizer_state)
+        ended = []
+        for index, run in runs:
             run.model = members[index]
             mlogs = member_logs(logs, index)
             run.record(run.next_epoch, mlogs)
@@ -100,7 +106,9 @@ class _SlotEpoch(keras.callbacks.Callback):
                 callback.on_epoch_end(run.next_epoch, mlogs)
             run.next_epoch += 1
             if run.model.stop_training or run.next_epoch >= run.last_epoch:
-                self.ended.append((index, run))
+                ended.append((index, run))
+        if self.refill(ended):
+            self.model.stop_training = True
 
 
 class _SlotEpochWithBatches(_SlotEpoch):
@@ -141,11 +149,13 @@ class SlotExecutor(PackExecutor):
         self._trials: dict[str, Any] = {}
         self._paths: dict[str, dict[str, str]] = {}
         self._alone: dict[str, dict[str, str]] = {}
+        self._waiting: list[TrialRun] = []
         self._free = deque(range(feed.slots))
         keras.backend.clear_session()
         while True:
             new = self._ask()
             self._place(new)
+            self._open_for_waiting()
             if not self._running():
                 self._run_waiting_alone()
                 if not new and not self._alone:
@@ -153,7 +163,7 @@ class SlotExecutor(PackExecutor):
                 continue
             for program in list(self._programs):
                 if program.active:
-                    self._train_epoch(program)
+                    self._train(program)
 
     # Trials in ----------------------------------------------------------------------------
 
@@ -174,9 +184,9 @@ class SlotExecutor(PackExecutor):
             trials.extend(got)
         return trials
 
-    def _place(self, trials: list) -> None:
-        """Loads each trial's models into free slots that fit, or opens programs for them."""
-        waiting: list[TrialRun] = []
+    def _place(self, trials: list, program: _Program | None = None) -> None:
+        """Loads each trial's models into free slots that fit (of `program` only, if given);
+        the others wait for `_open_for_waiting`."""
         for trial in trials:
             self._trials[trial.trial_id] = trial
             try:
@@ -191,18 +201,44 @@ class SlotExecutor(PackExecutor):
             self._runs_of[trial.trial_id] = runs
             for run in runs:
                 run.next_epoch = _start_epoch(run, self._fit_kwargs)
-                if not self._load(run):
-                    waiting.append(run)
+                if not self._load(run, [program] if program else self._programs):
+                    self._waiting.append(run)
+
+    def _open_for_waiting(self) -> None:
+        """Loads the waiting trials where a slot fits now; a trial that a busy slot of a
+        training program would take waits for it (a program compiled for a few trials costs
+        more than the wait); programs are opened for the rest."""
+        waiting, self._waiting = self._waiting, []
         by_batch: dict[str, list[TrialRun]] = defaultdict(list)
+        training = self._running() > 0
         for run in waiting:
-            by_batch[repr(_batch_size(run, self._fit_kwargs))].append(run)
+            if self._load(run, self._programs):
+                continue
+            if training and self._a_slot_would_take(run):
+                self._waiting.append(run)
+            else:
+                by_batch[repr(_batch_size(run, self._fit_kwargs))].append(run)
         for runs in by_batch.values():
             self._open(runs)
 
-    def _load(self, run: TrialRun) -> bool:
-        """Loads `run` into a free slot of a program of its batch size; whether one took it."""
+    def _a_slot_would_take(self, run: TrialRun) -> bool:
+        """Whether some slot of a training program of `run`'s batch size, busy or not,
+        takes `run`'s model (the answer is kept: programs are only added while it waits)."""
+        if getattr(run, "slot_taker", None) is None:
+            batch_size = repr(_batch_size(run, self._fit_kwargs))
+            run.slot_taker = any(
+                program.pack.load_problem(i, run.model) is None
+                for program in self._programs
+                if program.batch_key == batch_size and program.active
+                for i in range(len(program.slots))
+            )
+        return run.slot_taker
+
+    def _load(self, run: TrialRun, programs: list[_Program]) -> bool:
+        """Loads `run` into a free slot of one of `programs` of its batch size; whether one
+        took it."""
         batch_size = repr(_batch_size(run, self._fit_kwargs))
-        for program in self._programs:
+        for program in programs:
             if program.batch_key != batch_size:
                 continue
             index = program.free_slot_for(run.model)
@@ -257,7 +293,8 @@ class SlotExecutor(PackExecutor):
 
     def _begin(self, program: _Program, index: int, run: TrialRun) -> None:
         """The trial execution starts in slot `index`: its callbacks see `on_train_begin`."""
-        run.model = program.pack.members[index]
+        # The slot's occupant, not `pack.members` (which copies every slot's weights out).
+        run.model = program.pack._members[index]
         run.index = index
         params = {"epochs": run.last_epoch, "verbose": 0, "steps": None}
         for callback in run.callbacks:
@@ -269,18 +306,41 @@ class SlotExecutor(PackExecutor):
 
     # Training -----------------------------------------------------------------------------
 
-    def _train_epoch(self, program: _Program) -> None:
-        """One epoch of `program`; ends the trials whose last epoch it was."""
+    def _train(self, program: _Program) -> None:
+        """One `fit` of `program`, for as many epochs as its trials still need; at each
+        epoch's end, ended trials free their slots and new ones are loaded into them. The fit
+        ends early when its slots are all free or trials wait for another program."""
         kwargs = dict(self._fit_kwargs)
         kwargs.pop("callbacks", None)
-        kwargs.update(epochs=1, initial_epoch=0)
         runs = [program.slots[i] for i in program.active]
+        epochs = max(run.last_epoch - run.next_epoch for run in runs)
+        kwargs.update(epochs=epochs, initial_epoch=0)
         batch_size = _batch_size(runs[0], self._fit_kwargs)
         if batch_size is not None:
             kwargs["batch_size"] = batch_size
-        optimizer_state = any(run.callbacks for run in runs) or self.calls.epoch_end_hook
+
+        raised: list[BaseException] = []
+
+        def refill(ended: list[tuple[int, TrialRun]]) -> bool:
+            # The tuner's errors (a FatalError once too many trials failed) end the search,
+            # not the program: they are raised again once the fit has returned.
+            try:
+                for index, run in ended:
+                    self._slot_ended(program, index, run)
+                self._waiting = [r for r in self._waiting if not self._load(r, [program])]
+                if any(slot is None for slot in program.slots):
+                    self._place(self._ask(), program)
+            except BaseException as e:
+                raised.append(e)
+                return True
+            return (
+                not program.active
+                or bool(self._alone)
+                or not all(self._a_slot_would_take(run) for run in self._waiting)
+            )
+
         hooks = _SlotEpochWithBatches if program.batch_hooks else _SlotEpoch
-        epoch = hooks(program, bool(optimizer_state))
+        epoch = hooks(program, bool(self.calls.epoch_end_hook), refill)
         try:
             program.pack.fit(*self._fit_args, callbacks=[epoch], **kwargs)
         except Exception as e:
@@ -299,8 +359,8 @@ class SlotExecutor(PackExecutor):
                     why = f"its program {program.number} raised {_error_line(e)}"
                     self._alone[trial_id] = {"path": "alone", "why": why}
             return
-        for index, run in epoch.ended:
-            self._slot_ended(program, index, run)
+        if raised:
+            raise raised[0]
 
     def _slot_ended(self, program: _Program, index: int, run: TrialRun) -> None:
         """Frees slot `index`; ends the trial once all its executions have ended."""

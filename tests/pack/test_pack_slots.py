@@ -277,7 +277,7 @@ def test_a_slot_pack_takes_models_of_other_widths_and_activations():
     [
         (lambda: _sized(7, 32, "relu"), "at most"),
         (lambda: _sized(7, 8, "sigmoid"), "activation 'sigmoid'"),
-        (lambda: _model(7), "Dropout"),
+        (lambda: _deep(7, 5), "its layers are Dense, Dense, Dense, Dense, Dense"),
     ],
     ids=["too wide", "other activation", "other layers"],
 )
@@ -287,6 +287,42 @@ def test_a_slot_pack_refuses_what_its_slots_do_not_hold(newcomer, words):
         pack.load_member(1, newcomer())
     for got, want in zip(pack.member(1).get_weights(), initial[1]):
         np.testing.assert_array_equal(got, want)
+
+
+def _deep(seed, hidden):
+    """A model of `hidden` Dense layers before its output, and no Dropout."""
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((6,))]
+    layers += [keras.layers.Dense(8, activation="tanh") for _ in range(hidden)]
+    model = keras.Sequential([*layers, keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    return model
+
+
+@pytest.mark.parametrize("hidden", [1, 2])
+def test_a_slot_pack_takes_models_of_another_depth(hidden):
+    """The slot's layers that keep their input's width may be left out: a model without
+    the Dropout and with one or two hidden layers loads and trains as it would alone, and
+    its neighbours as theirs."""
+    x, y = _data()
+    pack, specs, initial = _slot_pack()
+    newcomer = _deep(7, hidden)
+    start = newcomer.get_weights()
+    pack.load_member(1, newcomer)
+    assert [w.shape for w in pack.member(1).get_weights()] == [w.shape for w in start]
+    history = pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+
+    reference = _deep(7, hidden)
+    reference.set_weights(start)
+    logs = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    _assert_same(pack.member(1), reference)
+    np.testing.assert_allclose(history["m1_loss"], logs["loss"], rtol=1e-5)
+    seed, units, activation = specs[0]
+    neighbour, _ = _sized_alone(seed, units, activation, 2, initial[0])
+    _assert_same(pack.member(0), neighbour)
+    # The slot takes a model of the full depth back.
+    pack.load_member(1, _sized(3, 12, "tanh"))
+    pack.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 
 
 def test_a_loaded_dropout_rate_is_the_members_own():

@@ -374,7 +374,7 @@ class FusedEngine(GradientEngine):
         """`model`'s layers paired with the fused ones when it loads by values, or why not."""
         if not self.fused.holds_slots:
             return [], "the fused layers hold their settings as constants"
-        return self.fused.slot_layers(model, self.members[0])
+        return self.fused.slot_layers(model)
 
     def load_member(self, j: int, model: keras.Model, optimizer: Any) -> None:
         """Member j's slices of the stacked weights take `model`'s (and, when the fused

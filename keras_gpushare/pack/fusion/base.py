@@ -41,6 +41,11 @@ def slot_values(enabled: bool = True) -> Iterator[None]:
         _SLOT_VALUES.reset(token)
 
 
+def slot_values_enabled() -> bool:
+    """Whether fused layers built now hold their settings as data (`slot_values`)."""
+    return _SLOT_VALUES.get()
+
+
 def host_zeros(shape, dtype=None):
     """An initializer: zeros made with NumPy, which no backend compiles a program for."""
     try:
@@ -199,6 +204,10 @@ class FusedLayer(keras.layers.Layer):
     def load_member(self, j, layer):
         """Writes `layer`'s weights and `slot_keys` settings into slot `j`."""
         raise NotImplementedError(f"`{type(self).__name__}` takes no member in place.")
+
+    def clear_member(self, j):
+        """Slot `j` leaves this layer out (a model of another depth was loaded): its part of
+        the layer's weights and settings may be cleared. Defaults to leaving them."""
 
     def add_weight(self, shape=None, initializer=None, *args, **kwargs):
         """`keras.layers.Layer.add_weight`; host zeros when the converter loads members after."""

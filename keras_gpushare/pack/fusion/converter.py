@@ -8,6 +8,7 @@ from keras import KerasTensor
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _masks, registry
+from keras_gpushare.pack.fusion.base import slot_values_enabled
 from keras_gpushare.pack.fusion.layers_core import FusedBroadcast, FusedSkip
 
 _IGNORED_KEYS = ("name", "seed")
@@ -306,18 +307,28 @@ def call_problem(node, fused_class):
     return None
 
 
+def _may_skip(node, x, y):
+    """Whether a member may leave out this chain call, passing `x` on instead of `y`,
+    with no wider tensor after it than the fused call's own output."""
+    fused_class = registry.fused_form(type(node.operation))
+    return keeps_shape(node, fused_class) and x.shape[-1] <= y.shape[-1]
+
+
 def build_graph(plan, n_members, input_mode):
     """Build the fused model's Functional graph from a `FusionPlan`; return it and a map.
 
     Each call of the plan's template becomes one fused layer, made from every member's
     layer (for `per_member_keys` and `size_keys`) and told its inputs' layouts. A member
-    that leaves a call out gets its input passed through (`FusedSkip`).
+    that leaves a call out gets its input passed through (`FusedSkip`). Built for slots,
+    every call a member may leave out without widening what follows gets a `FusedSkip`, so
+    that a model of another depth can be loaded into a slot (`FusedModel.slot_layers`).
 
     The map takes each fused layer's name to the position of the member layer it fuses in
     each member's `MemberGraph.layers` (`None` for a member that leaves it out).
     """
     graphs, template = plan.graphs, plan.template
     functional = graphs[0].functional
+    slot_mode = plan.chain and slot_values_enabled()
     stacked_inputs = input_mode == "stacked"
     tensors, stacked = {}, {}
     new_inputs = []
@@ -405,13 +416,17 @@ def build_graph(plan, n_members, input_mode):
                 for i, n in enumerate(tnode.nodes)
             ]
         outputs = keras.tree.flatten(fused(inputs, **others))
-        if tnode.skipped:
-            outputs[0] = FusedSkip(n_members, {"present": [n is not None for n in tnode.nodes]})(
+        skips = bool(tnode.skipped) or (
+            slot_mode and _may_skip(tnode.first, tensors[sources[0]], outputs[0])
+        )
+        if skips:
+            present = [n is not None for n in tnode.nodes]
+            outputs[0] = FusedSkip(n_members, {"present": present}, name=f"{fused.name}_skip")(
                 [stacked_tensor(sources[0]), outputs[0]]
             )
         for j, new in enumerate(outputs):
             tensors[("node", t, j)] = new
-            stacked[("node", t, j)] = fused.output_stacked or bool(tnode.skipped)
+            stacked[("node", t, j)] = fused.output_stacked or skips
     if plan.chain:
         ends = [("node", len(template) - 1, 0)]
     else:

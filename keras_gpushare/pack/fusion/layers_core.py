@@ -57,6 +57,9 @@ class FusedDense(FusedLayer):
         self.member_units = [int(u or 0) for u in self.per_member("units")]
         # Members that leave the layer out (a depth search's shallower ones) have no units.
         self.present = [i for i, u in enumerate(self.member_units) if u]
+        if self.slot_values:
+            # Which members skip the layer is data (`FusedSkip.slot_present`).
+            self.present = list(range(self.n_members))
         self.units = max(self.member_units)
         self.member_bias = [bool(b) for b in self.per_member("use_bias")]
         # Built for slots, every member may have a bias: a member loaded later may use one.
@@ -172,6 +175,11 @@ class FusedDense(FusedLayer):
             (self.slot_bias, float(layer.use_bias)),
         ):
             _set_row(variable, j, value)
+
+    def clear_member(self, j):
+        """Zeroes slot `j`'s kernel and bias and width: a skipped layer takes no step."""
+        for variable in (self.kernel, self.bias, self.slot_units):
+            _set_row(variable, j, 0)
 
     def call(self, inputs, training=None):
         n, units = self.n_members, self.units
@@ -703,7 +711,9 @@ class FusedSkip(FusedLayer):
 
     A member of a depth search with fewer layers than the others skips the extra ones:
     its tensor passes through them unchanged. The layer's input and output are stacked;
-    the narrower of the two is widened with zeros (padding) to the other's width.
+    the narrower of the two is widened with zeros (padding) to the other's width. Built for
+    slots (`slot_values`), which members skip is data (`slot_present`), set by
+    `set_present` when a model of another depth is loaded into a slot.
 
     Args:
         n_members: Number of members. Defaults to none (required).
@@ -724,12 +734,26 @@ class FusedSkip(FusedLayer):
     ```
     """
 
+    slot_keys = ("present",)
+
+    def build(self, input_shape):
+        if self.slot_values:
+            present = [float(p) for p in self.member_config["present"]]
+            self.slot_present = self.add_slot_variable("slot_present", present, "float32")
+
+    def set_present(self, j, present):
+        """Slot `j` takes the layer's output (`True`) or passes its input on (`False`)."""
+        _set_row(self.slot_present, j, float(present))
+
     def call(self, inputs, training=None):
         x, y = inputs
         width = max(x.shape[-1], y.shape[-1])
         x, y = _widen(x, width), _widen(y, width)
-        present = np.asarray(self.member_config["present"])
-        keep = self.member_broadcast(ops.convert_to_tensor(present), len(y.shape))
+        if self.slot_values:
+            present = ops.greater(self.slot_present, 0.5)
+        else:
+            present = ops.convert_to_tensor(np.asarray(self.member_config["present"]))
+        keep = self.member_broadcast(present, len(y.shape))
         return ops.where(keep, y, x)
 
 

@@ -57,6 +57,7 @@ class FusedModel(keras.Model):
         self.input_mode = input_mode
         self.layer_index = dict(layer_index or {})
         self.built = True
+        self._slots = _SlotBook()
 
     def call(self, inputs, training=None):
         return self.graph(inputs, training=training)
@@ -82,6 +83,9 @@ class FusedModel(keras.Model):
             slice).
         """
         members = list(members)
+        book = self._slots
+        if book.map_loads == book.loads and _same_objects(book.map_members, members):
+            return book.map_pairs
         if len(members) != self.n_members:
             raise ValueError(
                 f"Invalid value for argument `members`: got {len(members)} models for a "
@@ -101,6 +105,10 @@ class FusedModel(keras.Model):
                 continue
             if isinstance(positions, int):
                 positions = [positions] * self.n_members
+            positions = [
+                book.positions[i].get(layer.name) if i in book.positions else p
+                for i, p in enumerate(positions)
+            ]
             member_layers = [None if p is None else g.layers[p] for g, p in zip(graphs, positions)]
             for k, fused_variable in enumerate(layer.weights):
                 parts = []
@@ -113,6 +121,7 @@ class FusedModel(keras.Model):
                         _check_part(variable, fused_variable, index, i)
                     parts.append((variable, index))
                 pairs.append((fused_variable, tuple(parts)))
+        book.map_members, book.map_loads, book.map_pairs = members, book.loads, pairs
         return pairs
 
     def load_from_members(self, members: Sequence[keras.Model]) -> None:
@@ -137,78 +146,71 @@ class FusedModel(keras.Model):
         """Whether some fused layer holds its members' settings as data (`slot_values`)."""
         return any(getattr(layer, "slot_values", False) for layer in self.graph.layers)
 
-    def slot_layers(self, model: keras.Model, member: keras.Model) -> tuple[list, str | None]:
-        """`model`'s layer for each fused layer, when `model` can take a slot by values.
+    def slot_layers(self, model: keras.Model) -> tuple[list, str | None]:
+        """How `model` takes a slot by values: its layer for each fused layer, or why not.
 
-        It can when every fused layer with weights holds its members' settings as data
-        (`FusedLayer.slot_values`), no member skips a layer, and `model`'s layers are this
-        model's, call for call, each within what its fused layer holds.
+        It can when every fused layer it uses holds its members' settings as data
+        (`FusedLayer.slot_values`) and `model`'s layers are this model's calls in order,
+        each within what its fused layer holds, leaving out only calls a slot may skip
+        (those followed by a `FusedSkip`: a model of another depth, or without a
+        `Dropout`).
 
         Args:
             model: the model to load.
-            member: a model this fused model was built from (for the layers' classes).
 
         Returns:
-            `(pairs, None)` with `(fused layer, model's layer)` pairs, or `([], why not)`.
+            `(plan, None)`, with a `(fused layer, its skip or None, model's layer or None,
+            its position in model's graph)` for each fused layer, or `([], why not)`.
         """
         graph, why = converter.member_graph(model)
         if why:
             return [], why
-        reference, _ = converter.member_graph(member)
-        pairs = []
-        for layer in self.graph.layers:
-            positions = self.layer_index.get(layer.name)
-            if positions is None:
-                if isinstance(layer, FusedSkip):
-                    return [], "the slot's members differ in depth"
-                continue
-            if not isinstance(positions, int):
-                if len(set(positions)) != 1:
-                    return [], "the slot's members differ in depth"
-                positions = positions[0]
-            pairs.append((layer, positions))
-        kinds = [type(layer).__name__ for layer in graph.layers]
-        expected = [type(reference.layers[p]).__name__ for _, p in pairs]
-        if len(graph.layers) != len(pairs) or any(
-            kinds[p] != kind for (_, p), kind in zip(pairs, expected)
-        ):
-            return [], (
-                f"its layers are {', '.join(kinds)}; the slot's members' {', '.join(expected)}"
+        calls = self._slot_calls()
+        layers = [node.operation for node in graph.nodes]
+        chosen = _align(calls, layers)
+        if chosen is None:
+            if len(layers) == len(calls):
+                for (fused_layer, _), layer in zip(calls, layers):
+                    problem = _slot_problem(fused_layer, layer)
+                    if problem:
+                        return [], problem
+            kinds = ", ".join(type(layer).__name__ for layer in layers)
+            expected = ", ".join(
+                type(layer).__name__.removeprefix("Fused") + ("?" if skip is not None else "")
+                for layer, skip in calls
             )
-        pairs = [(layer, graph.layers[p]) for layer, p in pairs]
-        for fused_layer, layer in pairs:
-            if fused_layer.weights and not fused_layer.slot_values:
-                return [], f"the slot's layer `{fused_layer.name}` holds its settings as constants"
-            if any(
-                value is not None
-                for key in fused_layer.regularizer_keys
-                for value in fused_layer.per_member(key)
-            ):
-                return [], f"the slot's layer `{fused_layer.name}` has weight regularizers"
-            fused_class = registry.fused_form(type(layer))
-            if fused_class is not type(fused_layer):
-                return [], f"its layer `{layer.name}` is a `{type(layer).__name__}`"
-            keys = fused_layer.slot_keys if fused_layer.slot_values else ()
-            config = converter.comparable_config(layer.get_config(), keys)
-            expected = converter.comparable_config(_member_config(fused_layer), keys)
-            if config != expected:
-                key = next(
-                    k for k in sorted({*config, *expected}) if config.get(k) != expected.get(k)
-                )
-                return [], (
-                    f"its layer `{layer.name}` sets `{key}={config.get(key)!r}` where the slot's "
-                    f"has {expected.get(key)!r}"
-                )
-            problem = fused_layer.slot_problem(layer) if fused_layer.slot_values else None
-            if problem:
-                return [], problem
-        return pairs, None
+            return [], f"its layers are {kinds}; the slot's are {expected} ('?': may be left out)"
+        plan = [
+            (fused_layer, skip, layer, None if layer is None else graph.layers.index(layer))
+            for (fused_layer, skip), layer in zip(calls, chosen)
+        ]
+        return plan, None
 
-    def load_member(self, j: int, pairs: list) -> None:
-        """Writes each model layer of `pairs` (from `slot_layers`) into slot `j`."""
-        for fused_layer, layer in pairs:
-            if fused_layer.slot_values:
+    def _slot_calls(self) -> list:
+        """The fused layers that stand for member layers, in call order, each with the
+        `FusedSkip` that lets a slot leave it out (`None` where none does)."""
+        skips = {layer.name: layer for layer in self.graph.layers if isinstance(layer, FusedSkip)}
+        return [
+            (layer, skips.get(f"{layer.name}_skip"))
+            for layer in self.graph.layers
+            if layer.name in self.layer_index
+        ]
+
+    def load_member(self, j: int, plan: list) -> None:
+        """Writes each model layer of `plan` (from `slot_layers`) into slot `j`."""
+        self._slots.loads += 1
+        positions = {}
+        for fused_layer, skip, layer, position in plan:
+            positions[fused_layer.name] = position
+            if skip is not None:
+                skip.set_present(j, layer is not None)
+            if not fused_layer.slot_values:
+                continue
+            if layer is None:
+                fused_layer.clear_member(j)
+            else:
                 fused_layer.load_member(j, layer)
+        self._slots.positions[j] = positions
 
     def write_to_members(self, members: Sequence[keras.Model]) -> None:
         """Copy each slice of the stacked weights back into its member model.
@@ -241,6 +243,74 @@ class FusedModel(keras.Model):
             config["graph"], custom_objects=custom_objects
         )
         return cls(**config)
+
+
+class _SlotBook:
+    """What loading models into slots changed, held out of Keras's attribute tracking:
+    each loaded slot's layer positions (`positions[j]`: fused layer name to the position
+    of its layer in the loaded model, `None` where it skips), a count of loads, and the
+    last `member_variable_map` with the members and count it was made for."""
+
+    def __init__(self):
+        self.positions: dict[int, dict[str, int | None]] = {}
+        self.loads = 0
+        self.map_members, self.map_loads, self.map_pairs = None, None, None
+
+
+def _slot_problem(fused_layer: Any, layer: Any) -> str | None:
+    """Why `layer` cannot take a slot of `fused_layer` by values, or `None`."""
+    if fused_layer.weights and not fused_layer.slot_values:
+        return f"the slot's layer `{fused_layer.name}` holds its settings as constants"
+    if any(
+        value is not None
+        for key in fused_layer.regularizer_keys
+        for value in fused_layer.per_member(key)
+    ):
+        return f"the slot's layer `{fused_layer.name}` has weight regularizers"
+    fused_class = registry.fused_form(type(layer))
+    if fused_class is not type(fused_layer):
+        return f"its layer `{layer.name}` is a `{type(layer).__name__}`"
+    keys = fused_layer.slot_keys if fused_layer.slot_values else ()
+    config = converter.comparable_config(layer.get_config(), keys)
+    expected = converter.comparable_config(_member_config(fused_layer), keys)
+    if config != expected:
+        key = next(k for k in sorted({*config, *expected}) if config.get(k) != expected.get(k))
+        return (
+            f"its layer `{layer.name}` sets `{key}={config.get(key)!r}` where the slot's "
+            f"has {expected.get(key)!r}"
+        )
+    return fused_layer.slot_problem(layer) if fused_layer.slot_values else None
+
+
+def _align(calls: list, layers: list) -> list | None:
+    """`layers` spread over the fused `calls` in order (`None` where a call is skipped,
+    which only calls with a skip may be), each taking its call by values; `None` if no
+    way does."""
+    n, m = len(calls), len(layers)
+    # fits[a][b]: layer b can take call a.
+    fits = [[_slot_problem(calls[a][0], layers[b]) is None for b in range(m)] for a in range(n)]
+    # possible[a][b]: calls[a:] can take layers[b:].
+    possible = [[False] * (m + 1) for _ in range(n + 1)]
+    possible[n][m] = True
+    for a in range(n - 1, -1, -1):
+        for b in range(m, -1, -1):
+            take = b < m and fits[a][b] and possible[a + 1][b + 1]
+            skip = calls[a][1] is not None and possible[a + 1][b]
+            possible[a][b] = take or skip
+    if not possible[0][0]:
+        return None
+    chosen, b = [], 0
+    for a in range(n):
+        if b < m and fits[a][b] and possible[a + 1][b + 1]:
+            chosen.append(layers[b])
+            b += 1
+        else:
+            chosen.append(None)
+    return chosen
+
+
+def _same_objects(a, b):
+    return a is not None and len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def build_fused_model(members: Sequence[keras.Model], input_mode: str = "replicate") -> FusedModel:

@@ -10,6 +10,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import converter
 from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion import template as template_lib
+from keras_gpushare.pack.fusion.base import slot_values_enabled
 
 
 @dataclasses.dataclass
@@ -143,6 +144,10 @@ def inspect_members(members):
     chain = any(n is None for t in template_nodes for n in t.nodes) or any(
         len(g.nodes) != len(graphs[0].nodes) for g in graphs
     )
+    if slot_values_enabled():
+        # Built for slots, chains are aligned as chains so that a model of another depth
+        # can be loaded later (`FusedModel.slot_layers`).
+        chain = chain or all(template_lib.is_chain(g) for g in graphs)
     plan = FusionPlan(graphs, template_nodes, chain, {})
     n = len(members)
     for i in range(len(graphs[0].functional.inputs)):

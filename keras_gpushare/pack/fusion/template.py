@@ -80,6 +80,11 @@ def _connections(graph: Any, node: Any) -> Any:
     return repr((args, sorted(kwargs.items())))
 
 
+def is_chain(graph: Any) -> bool:
+    """Whether the member's layer calls form one chain from its input to its output."""
+    return _chain(graph) is not None
+
+
 def _chain(graph: Any) -> list | None:
     """The member's nodes when they form one chain from the model's input, else `None`."""
     functional = graph.functional
