@@ -23,6 +23,7 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import BACKEND
 
 _BATCH_HOOKS = (
     "on_batch_begin",
@@ -104,10 +105,9 @@ def keeping_failed_steps(model: keras.Model, function: Callable[..., Any]) -> Ca
     Returns:
         The function to call in its place.
     """
-    backend = keras.backend.backend()
-    if backend == "jax" and model.steps_per_execution > 1:
+    if BACKEND.stateless_steps and model.steps_per_execution > 1:
         return _jax_keeping_steps(model, function)
-    if backend == "tensorflow":
+    if BACKEND.failed_step_counted:
         import tensorflow as tf
 
         from keras_gpushare.pack import _tf_steps

@@ -21,11 +21,12 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import BACKEND
 
 
 def writes_files(model: keras.Model) -> bool:
     """Whether this worker is the one that writes `model`'s files (True without a cluster)."""
-    if keras.backend.backend() != "tensorflow":
+    if not BACKEND.distribute_strategies:
         return True
     return bool(model.distribute_strategy.extended.should_checkpoint)
 

@@ -19,6 +19,7 @@ from keras import tree
 from keras_gpushare import _upstream
 from keras_gpushare.pack import _batch_calls
 from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._progress import PackProgbar
 
 
@@ -100,7 +101,7 @@ def check_labels(
         y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
     per_member = data_lib.labels_per_member(y, output_counts)
     data_lib.check_member_labels(x, y, members, per_member)
-    if keras.backend.backend() == "tensorflow":
+    if BACKEND.label_ranges_checked:
         # As Keras on TensorFlow does; on JAX and torch plain `fit` trains on them.
         data_lib.check_label_ranges(y, members)
 

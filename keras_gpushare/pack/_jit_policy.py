@@ -30,7 +30,7 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
+from keras_gpushare.pack._backend import BACKEND
 
 logger = logging.getLogger("keras_gpushare.pack")
 
@@ -158,9 +158,7 @@ class JitPolicy:
     @classmethod
     def for_pack(cls, supported: bool, costs: PaybackCosts | None = None) -> JitPolicy:
         """The policy for this process's backend and devices (see `choose_mode`)."""
-        backend = keras.backend.backend()
-        gpu = backend == "tensorflow" and has_tensorflow_gpu()
-        return cls(choose_mode(supported, backend, gpu), costs)
+        return cls(choose_mode(supported, BACKEND.name, BACKEND.tensorflow_gpu()), costs)
 
     @property
     def initial(self) -> bool:

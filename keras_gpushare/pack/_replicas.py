@@ -19,15 +19,15 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import keras
 from keras import ops
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import BACKEND
 
 
 def replica_context() -> Any:
     """The `tf.distribute` replica context of a step under a strategy, else `None`."""
-    if keras.backend.backend() != "tensorflow":
+    if not BACKEND.distribute_strategies:
         return None
     import tensorflow as tf
 
@@ -138,7 +138,7 @@ def collective_clash_explained() -> Iterator[None]:
 def _same_kind(error: Exception, message: str) -> Exception:
     """An exception of `error`'s type with `message` where TensorFlow's can be built, else a
     `RuntimeError`."""
-    if keras.backend.backend() == "tensorflow":
+    if BACKEND.distribute_strategies:
         import tensorflow as tf
 
         if isinstance(error, tf.errors.OpError) and type(error) is not tf.errors.OpError:

@@ -24,6 +24,7 @@ from keras_gpushare.pack import (
 )
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._gc_freeze import OldObjectsFrozen
 from keras_gpushare.pack._jit_policy import JitPolicy
 from keras_gpushare.pack._logs import pack_logs
@@ -36,7 +37,7 @@ from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngi
 from keras_gpushare.pack.fusion import VectorizedOptimizer
 from keras_gpushare.pack.fusion import base as fusion_base
 
-if keras.backend.backend() == "tensorflow":
+if BACKEND.own_steps:
     # The pack's steps on TensorFlow, as Keras mixes in its `TensorFlowTrainer`.
     from keras_gpushare.pack._tf_steps import TensorFlowSteps
 
@@ -596,7 +597,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         """Moves fused members whose optimizers cannot be vectorized to the graph engine,
         or raises where the graph engine cannot take them."""
         reason = next(iter(reasons.values()))
-        if self._fuse is True or keras.backend.backend() != "tensorflow":
+        if self._fuse is True or not BACKEND.graph_engine:
             raise ValueError(
                 f"Invalid value for argument `optimizer`: {reason} The fused engine cannot "
                 "train it; the graph engine can, on the TensorFlow backend with "
@@ -628,7 +629,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
 
     def _distributed(self) -> bool:
         """Whether this pack trains under a `tf.distribute` strategy."""
-        if keras.backend.backend() != "tensorflow":
+        if not BACKEND.distribute_strategies:
             return False
         import tensorflow as tf
 
@@ -642,7 +643,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         """Batches per compiled call for `steps_per_execution="auto"`: the least that any
         of the pack's engines asks for; one on torch, whose Keras trainer runs one batch
         per call."""
-        if keras.backend.backend() == "torch":
+        if BACKEND.one_batch_per_call:
             return 1
         return min(engine.default_steps_per_execution for engine in self._engines)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import keras
 
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine
 from keras_gpushare.pack.engines.fused import FusedEngine
 from keras_gpushare.pack.fusion import cost, template
@@ -85,9 +86,8 @@ def plan_engines(
             graph engine on a backend other than TensorFlow.
     """
     n = len(members)
-    tensorflow = keras.backend.backend() == "tensorflow"
     shared = shared_weights(members)
-    if shared and not tensorflow:
+    if shared and not BACKEND.graph_engine:
         raise ValueError(_shared_error(shared))
     plan = EnginePlan()
     if groups is not None:
@@ -107,14 +107,14 @@ def plan_engines(
         plan.graph = tuple(range(n))
         plan.reasons = {i: f'data="{data}" runs on the graph engine.' for i in range(n)}
     else:
-        _group(members, plan, alone_on_graph=tensorflow and fuse == "auto", shared=shared)
+        _group(members, plan, alone_on_graph=BACKEND.graph_engine and fuse == "auto", shared=shared)
     if fuse is True and plan.graph:
         reasons = "; ".join(f"member {i}: {plan.reasons[i]}" for i in plan.graph)
         raise ValueError(f"Invalid value for argument `fuse`: True, but {reasons}\n{plan}")
-    if plan.graph and not tensorflow:
+    if plan.graph and not BACKEND.graph_engine:
         raise ValueError(
             "The graph engine needs the TensorFlow backend (KERAS_BACKEND is "
-            f"{keras.backend.backend()!r}); on other backends every member must fuse.\n{plan}"
+            f"{BACKEND.name!r}); on other backends every member must fuse.\n{plan}"
         )
     return plan
 
@@ -212,7 +212,7 @@ def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
     fused engine, like Keras on JAX and torch, squares their sum. Only optimizers whose
     update is linear in the gradient (SGD, Lion, without clipping) agree.
     """
-    if keras.backend.backend() != "tensorflow" or not any(
+    if not BACKEND.sparse_embedding_gradients or not any(
         isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member)
     ):
         return None
@@ -302,7 +302,7 @@ def _shared_error(shared: dict[int, str]) -> str:
     return (
         f"Invalid value for argument `members`: members {ids} share layers (member {first} "
         f"shares {what}). A ModelPack trains each member as its own fit, and on the "
-        f"{keras.backend.backend()!r} backend every member must fuse, but the fused engine "
+        f"{BACKEND.name!r} backend every member must fuse, but the fused engine "
         "stacks a copy of each member's weights and would untie a shared layer. Give each "
         "member its own layers, or make the models that share a layer one member (one "
         "Functional model with all their outputs, trained on the sum of its losses), or use "

@@ -21,10 +21,10 @@ from keras import ops, tree
 from keras_gpushare import _upstream
 from keras_gpushare.pack import _replicas, _slots
 from keras_gpushare.pack import data as data_lib
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
-from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
 
 
@@ -231,10 +231,9 @@ class FusedEngine(GradientEngine):
         is no faster than TensorFlow's own kernels and its compile time is lost; measured
         on a 16-member small CNN: same steady throughput, 1.5x slower end to end).
         """
-        backend = keras.backend.backend()
-        if backend == "torch" or not _upstream.model_supports_jit(self.fused):
+        if not BACKEND.jit or not _upstream.model_supports_jit(self.fused):
             return False
-        if backend == "tensorflow" and not has_tensorflow_gpu():
+        if BACKEND.xla_optional and not BACKEND.tensorflow_gpu():
             return self.fused.xla_pays_on_cpu
         return True
 

@@ -21,8 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_gpushare import _upstream
-from keras_gpushare.pack.fusion._checks import has_accelerator
+from keras_gpushare.pack._backend import BACKEND
 
 
 def per_member(values: Sequence[Any], rank: int, dtype: Any) -> Any:
@@ -56,7 +55,7 @@ def run_parts(tensor: Any, group_runs: Sequence[tuple[Any, int, int]]) -> list[A
     """
     if len(group_runs) == 1:
         return [tensor]
-    if keras.backend.backend() == "tensorflow":
+    if BACKEND.split_in_one_op:
         import tensorflow as tf
 
         return tf.split(tensor, [b - a for _, a, b in group_runs], axis=0)
@@ -465,7 +464,7 @@ def keep_unchanged(kept: Sequence[tuple], updated: Any) -> list[tuple[Any, Any]]
             values.append(ops.where(keeps[key], new, old))
         return values
 
-    if keras.backend.backend() != "tensorflow" or has_accelerator() or _upstream.in_xla_context():
+    if BACKEND.fuses_elementwise():
         values = selected()
     else:
         import tensorflow as tf

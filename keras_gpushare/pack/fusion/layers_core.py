@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.fusion import _padding
 from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
@@ -201,7 +202,7 @@ class FusedDense(FusedLayer):
                 y = ops.matmul(x, kernel)
         else:
             x = ops.reshape(inputs, (-1, in_dim))
-            if keras.backend.backend() == "tensorflow":
+            if BACKEND.broadcast_batched_matmul:
                 # A broadcast batched matmul reads the stacked kernel as it lies; the
                 # side-by-side form below would copy (transpose) the kernel every step.
                 y = ops.matmul(ops.expand_dims(x, 0), kernel)
