@@ -1,25 +1,35 @@
-"""Short fits: does a pack's `jit_compile` default beat sequential fits end to end?
+"""Short fits: does a pack with default arguments beat sequential fits end to end?
 
 XLA speeds up the fused engine's steady step but costs seconds to compile, which a short
-`fit` may never earn back. For each case this trains the members as plain sequential fits
-and as one `ModelPack` with `jit_compile=False`, `True` and the default (`"auto"`), each
-run in a fresh process, the runs interleaved over the repeats, and prints per method the
-medians [min-max] over the repeats of: end-to-end seconds (building, compiling and fitting),
-the first epoch (tracing and compiling) and a steady epoch (median of the later ones), with
-the sequential fits' figure over the method's (the speedup). TensorFlow backend.
+`fit` may never earn back; the graph engine's one traced step must pay for itself over a few
+members. For each case this trains the members as plain sequential fits and as one
+`ModelPack` with `jit_compile=False`, `True` and the default (`"auto"`), each run in a fresh
+process, the runs interleaved over the repeats, and prints per method the medians [min-max]
+over the repeats of: end-to-end seconds (building, compiling and fitting), the first epoch
+(tracing and compiling) and a steady epoch (median of the later ones), with the sequential
+fits' figure over the method's (the speedup). The backend is `KERAS_BACKEND`'s (TensorFlow
+when unset); a pack the backend refuses (graph-engine members off TensorFlow) is reported
+with the reason instead of figures.
 
 Cases:
     mixed4, mixed20: 8 MLPs of different widths (16/32/48/64), depths (1-3 hidden layers)
         and activations (relu/tanh), on digits-sized data (1,797 samples, 64 features, 10
         classes), batch 32, 4 and 20 epochs.
+    custom2, custom5: the first 2 or 5 of those MLPs with a small custom layer (a learned
+        per-feature scale, which the fuser does not take) after the first hidden layer, so
+        `fuse="auto"` trains them on the graph engine; same data, 4 epochs; sequential fits
+        against the default pack only (the graph engine follows Keras's XLA rule).
     seeds: the seeds' MLP (10-64-32-1) x 16, batch 32, 2 epochs of 25,000 samples.
     seeds10: the same for 10 epochs, where XLA pays on a CPU (not run by default).
 
-The pack-auto row's note says what the default did (`policy payback, switched to XLA`).
-The last line of each case derives what `_jit_policy.PaybackCosts` assumes: XLA's steady
-speedup, and its compile time per batch shape per second of tracing the plain step.
+The pack-auto row's note says what the default did (`policy payback, switched to XLA`, or
+the engine). On TensorFlow, the last line of a fused case derives what
+`_jit_policy.PaybackCosts` assumes: XLA's steady speedup, and its compile time per batch
+shape per second of tracing the plain step.
 
-    python benchmarks/short_fit.py [--cases mixed4,mixed20,seeds] [--repeats 3] [--quick]
+    python benchmarks/short_fit.py [--cases mixed4,mixed20,custom2,seeds] [--repeats 3]
+        [--quick]
+    KERAS_BACKEND=jax python benchmarks/short_fit.py --cases mixed4,custom2
 """
 
 from __future__ import annotations
@@ -42,30 +52,47 @@ from keras_gpushare._seeds_benchmark.workload import build_mlp, epoch_timer, mak
 
 METHODS = ("sequential", "pack-nojit", "pack-jit", "pack-auto")
 _JIT = {"pack-nojit": False, "pack-jit": True, "pack-auto": "auto"}
+_GRAPH_METHODS = ("sequential", "pack-auto")
 CASES = {
     "mixed4": {"kind": "mixed", "members": 8, "samples": 1797, "epochs": 4},
     "mixed20": {"kind": "mixed", "members": 8, "samples": 1797, "epochs": 20},
+    "custom2": {"kind": "custom", "members": 2, "samples": 1797, "epochs": 4},
+    "custom5": {"kind": "custom", "members": 5, "samples": 1797, "epochs": 4},
     "seeds": {"kind": "seeds", "members": 16, "samples": 25_000, "epochs": 2},
     # Not run by default: a fit long enough for XLA to pay on a CPU.
     "seeds10": {"kind": "seeds", "members": 16, "samples": 25_000, "epochs": 10},
 }
-_DEFAULT_CASES = ("mixed4", "mixed20", "seeds")
+_DEFAULT_CASES = ("mixed4", "mixed20", "custom2", "seeds")
 _QUICK_SEEDS_SAMPLES = 10_000
 
 
-def _mixed_member(i: int):
+def _scale_layer():
+    """A new instance of a small custom layer (a learned per-feature scale), which the
+    fuser has no fused form for."""
+    import keras
+
+    class Scale(keras.layers.Layer):
+        def build(self, input_shape):
+            self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
+
+        def call(self, inputs):
+            return inputs * self.scale
+
+    return Scale()
+
+
+def _mixed_member(i: int, custom: bool = False):
     import keras
 
     keras.utils.set_random_seed(i)
     width = (16, 32, 48, 64)[i % 4]
     activation = ("relu", "tanh")[(i // 2) % 2]
-    hidden = [width] + [32] * (i % 3)
+    units = [width] + [32] * (i % 3)
+    hidden = [keras.layers.Dense(n, activation=activation) for n in units]
+    if custom:
+        hidden.insert(1, _scale_layer())
     return keras.Sequential(
-        [
-            keras.Input((64,)),
-            *[keras.layers.Dense(units, activation=activation) for units in hidden],
-            keras.layers.Dense(10, activation="softmax"),
-        ]
+        [keras.Input((64,)), *hidden, keras.layers.Dense(10, activation="softmax")]
     )
 
 
@@ -78,7 +105,8 @@ def _workload(case: dict[str, Any]) -> tuple[Any, Any, list, str]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(case["samples"], 64)).astype("float32")
     y = rng.integers(0, 10, size=(case["samples"],))
-    members = [_mixed_member(i) for i in range(case["members"])]
+    custom = case["kind"] == "custom"
+    members = [_mixed_member(i, custom) for i in range(case["members"])]
     return x, y, members, "sparse_categorical_crossentropy"
 
 
@@ -105,14 +133,17 @@ def _run(method: str, case: dict[str, Any]) -> dict[str, Any]:
             note = f"{len(ran)} of {len(members)} fits run, times scaled"
         wall = (time.perf_counter() - start) * scale
         return {"wall_s": wall, "first_s": first * scale, "steady_s": steady * scale, "note": note}
-    pack = kg.ModelPack(members)
+    try:
+        pack = kg.ModelPack(members)
+    except ValueError as error:  # graph-engine members off TensorFlow
+        return {"refused": str(error).splitlines()[0]}
     pack.compile(optimizer="adam", loss=loss, metrics=["accuracy"], jit_compile=_JIT[method])
     timer = epoch_timer()
     pack.fit(x, y, callbacks=[timer], **fit)
     policy = getattr(pack, "_jit_policy", None)
     if method == "pack-auto":
         if policy is None:
-            note = f"jit_compile resolved to {pack.jit_compile}"
+            note = f"{pack.engine} engine, jit_compile resolved to {pack.jit_compile}"
         else:
             note = f"policy {policy.mode}" + (", switched to XLA" if policy.xla_function else "")
     return {
@@ -129,15 +160,21 @@ def _spread(values: list[float]) -> str:
 
 
 def _report(name: str, case: dict[str, Any], results: dict[str, list[dict]]) -> str:
-    kind = (
-        "8 mixed MLPs (widths 16-64, 1-3 hidden layers, relu/tanh), 64 features, 10 classes"
-        if case["kind"] == "mixed"
-        else f"seeds' MLP 10-64-32-1 x {case['members']}"
-    )
+    import keras
+
+    kind = {
+        "mixed": f"{case['members']} mixed MLPs (widths 16-64, 1-3 hidden layers, "
+        "relu/tanh), 64 features, 10 classes",
+        "custom": f"{case['members']} mixed MLPs with a custom layer each, 64 features, 10 classes",
+        "seeds": f"seeds' MLP 10-64-32-1 x {case['members']}",
+    }[case["kind"]]
+    refused = {m: rs for m, rs in results.items() if any("refused" in r for r in rs)}
+    results = {m: rs for m, rs in results.items() if m not in refused}
     repeats = max(len(r) for r in results.values())
     lines = [
-        f"{name}: {kind}, batch 32, {case['samples']} samples x {case['epochs']} epochs; "
-        f"median [min-max] over {repeats} interleaved repeats; speedup = sequential / method",
+        f"{name} ({keras.backend.backend()}): {kind}, batch 32, {case['samples']} samples x "
+        f"{case['epochs']} epochs; median [min-max] over {repeats} interleaved repeats; "
+        "speedup = sequential / method",
         f"{'method':<11} {'end-to-end s':>20} {'first epoch s':>20} {'steady epoch s':>20} "
         f"{'speedup e2e':>11} {'first':>6} {'steady':>6}  note",
     ]
@@ -161,7 +198,9 @@ def _report(name: str, case: dict[str, Any], results: dict[str, list[dict]]) -> 
             f"{method:<11} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20} "
             f"{ratios[0]:>11} {ratios[1]:>6} {ratios[2]:>6}  {'; '.join(notes)}"
         )
-    if "pack-nojit" in median and "pack-jit" in median:
+    for method, runs in refused.items():
+        lines.append(f"{method:<11} refused: {runs[0]['refused']}")
+    if keras.backend.backend() == "tensorflow" and {"pack-nojit", "pack-jit"} <= set(median):
         plain, xla = median["pack-nojit"], median["pack-jit"]
         trace = plain["first_s"] - plain["steady_s"]
         compile_s = (xla["first_s"] - xla["steady_s"]) - trace
@@ -180,7 +219,12 @@ def main() -> None:
     parser.add_argument(
         "--cases", default=",".join(_DEFAULT_CASES), help="comma-separated, of " + ", ".join(CASES)
     )
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated, of {', '.join(METHODS)}; defaults to all of them, and to "
+        f"{', '.join(_GRAPH_METHODS)} for the custom cases",
+    )
     parser.add_argument("--epochs", type=int, default=None, help="override the cases' epochs")
     parser.add_argument("--repeats", type=int, default=None, help="defaults to 3 (1 with --quick)")
     parser.add_argument(
@@ -197,11 +241,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for name in [c.strip() for c in args.cases.split(",") if c.strip()]:
         if name not in CASES:
             parser.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
         case = dict(CASES[name])
+        if args.methods:
+            methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        else:
+            methods = list(_GRAPH_METHODS if case["kind"] == "custom" else METHODS)
         if args.epochs:
             case["epochs"] = args.epochs
         if case["kind"] == "seeds":

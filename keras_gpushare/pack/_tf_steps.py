@@ -43,18 +43,23 @@ class TensorFlowSteps:
                 break
         elif not self._distributed():
             # Keras leaves building to the first trace of the step, and TensorFlow traces a
-            # function that makes variables twice; a pack's step is large, so the fused
-            # groups' state is made here, before the first trace. The graph engine's
-            # members build in the trace, as their own `fit` builds them (an optimizer's
-            # `build` may assign, which TensorFlow keeps only when it runs eagerly).
-            graph = {i for engine in self._stepping_engines for i in engine.member_ids}
-            fused = [i for i in range(len(self._members)) if i not in graph]
+            # function that makes variables twice; a pack's step is large, so the members'
+            # state is made here, before the first trace, and the step is traced once. A
+            # graph-engine member's optimizer is built in a trace of its own, as its own
+            # `fit` builds it (see `_build_optimizer_as_fit_does`); a member that is not
+            # built yet builds in the step's trace, as in its own `fit`.
+            stepping = {i for engine in self._stepping_engines for i in engine.member_ids}
+            ready = [
+                i
+                for i, member in enumerate(self._members)
+                if i not in stepping or _build_optimizer_as_fit_does(member)
+            ]
             if data_batch is None and iterator is not None:
                 # From the batches' shapes: reading one would start an epoch of the data
                 # (a `PyDataset`'s workers would load batches that plain `fit` never asks
                 # for, and hand the first epoch some of them).
                 data_batch = _symbolic_batch(_upstream.epoch_iterator_element_spec(iterator))
-            self._symbolic_build(iterator=iterator, data_batch=data_batch, members=fused)
+            self._symbolic_build(iterator=iterator, data_batch=data_batch, members=ready)
             return
         super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
 
@@ -135,6 +140,49 @@ def count_failed_step(pack: Any) -> None:
             fused[i] = 1
     if fused.any() and isinstance(pack.optimizer, VectorizedOptimizer):
         pack.optimizer.member_iterations.assign_add(fused)
+
+
+def _build_optimizer_as_fit_does(member: keras.Model) -> bool:
+    """Builds a built `member`'s optimizer inside a traced function that is never run;
+    returns whether the optimizer is built (False when the member is not built yet).
+
+    A member's own `fit` on TensorFlow builds its optimizer in the first trace of its step,
+    which TensorFlow then discards and traces again (a function that makes variables is
+    traced twice): the optimizer's variables are made with their initial values, and what
+    its `build` assigns in that trace never runs (`ScheduleFreeAdamW` copies the weights
+    into its momentum there, so a plain `fit` starts the momentum at zeros). Here the
+    variables are made at once, outside the trace, and `build`'s other operations are
+    traced and dropped: the same state, and the pack's step, the largest function of the
+    `fit`, is traced once.
+    """
+    optimizer = member.optimizer
+    if optimizer is None or optimizer.built:
+        return True
+    if not member.built:
+        return False
+    variables = member.trainable_variables
+
+    def build() -> None:
+        if optimizer.built:  # traced again after TensorFlow lifted a variable out of it
+            return
+        scope = keras.name_scope(optimizer.name, caller=optimizer)
+        with tf.variable_creator_scope(_made_outside_the_trace), scope:
+            optimizer.build(variables)
+        optimizer.built = True
+
+    tf.function(build, autograph=False).get_concrete_function()
+    return True
+
+
+def _made_outside_the_trace(next_creator: Any, **kwargs: Any) -> tf.Variable:
+    """A variable creator making a variable whose initial value is a function (Keras's
+    initializers) eagerly; one given a value computed in the trace (`Adafactor`'s
+    placeholders) TensorFlow lifts out of it, as in a plain `fit`."""
+    if not callable(kwargs.get("initial_value")):
+        return next_creator(**kwargs)
+    kwargs["experimental_enable_variable_lifting"] = False
+    with tf.init_scope():
+        return next_creator(**kwargs)
 
 
 def _symbolic_batch(spec: Any) -> Any:
