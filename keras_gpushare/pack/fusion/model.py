@@ -378,7 +378,11 @@ def fuse_planned(
 def _member_config(fused_layer: Any) -> dict:
     """The member layer config a fused layer was made from (member 0's values)."""
     own = ("per_member", "input_layouts", "slot_values")
-    return {k: v for k, v in fused_layer.member_config.items() if k not in own}
+    config = {k: v for k, v in fused_layer.member_config.items() if k not in own}
+    if "class_name" in config and isinstance(config.get("config"), dict):
+        # Wrappers of any per-sample layer keep it serialized (class and config).
+        return config["config"]
+    return config
 
 
 def _axes(index, shape):
