@@ -201,6 +201,8 @@ class FusedEngine(GradientEngine):
         # their slots by values (`load_member`); `members` keep the losses and metrics the
         # step was traced with.
         self.views = list(self.members)
+        # The last model asked about by `_by_values`, and the answer.
+        self._last_by_values: tuple | None = None
         self.loss_state = StackedMean(len(self.members), name="member_loss")
         self.metric_states: dict[str, StackedMean] = {}
         self._one_loss = None
@@ -370,10 +372,14 @@ class FusedEngine(GradientEngine):
         )
 
     def _by_values(self, model: keras.Model) -> tuple[list, str | None]:
-        """`model`'s layers paired with the fused ones when it loads by values, or why not."""
+        """`model`'s layers paired with the fused ones when it loads by values, or why not
+        (the same for every slot: the last model's answer is kept)."""
         if not self.fused.holds_slots:
             return [], "the fused layers hold their settings as constants"
-        return self.fused.slot_layers(model)
+        last = self._last_by_values
+        if last is None or last[0] is not model:
+            self._last_by_values = last = (model, self.fused.slot_layers(model))
+        return last[1]
 
     def load_member(self, j: int, model: keras.Model, optimizer: Any) -> None:
         """Member j's slices of the stacked weights take `model`'s (and, when the fused
