@@ -347,11 +347,11 @@ def test_a_pack_with_members_loaded_by_values_is_saved_member_by_member(tmp_path
     assert keras.models.load_model(tmp_path / "member.keras").layers[0].units == 10
 
 
-def _flat(seed, units):
+def _flat(seed, units, shape=(2, 3)):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
         [
-            keras.Input((2, 3)),
+            keras.Input(shape),
             keras.layers.Flatten(),
             keras.layers.Dense(units, activation="relu"),
             keras.layers.Dense(1),
@@ -361,19 +361,22 @@ def _flat(seed, units):
     return model
 
 
-def test_a_slot_behind_a_per_sample_layer_takes_a_model_by_values():
+@pytest.mark.parametrize("shape", [(2, 3), (6,)])
+def test_a_slot_behind_a_per_sample_layer_takes_a_model_by_values(shape):
     """A `Flatten` (fused as a per-sample wrapper, which keeps its layer serialized) is
-    compared by its config: a narrower model loads by values and trains as alone."""
+    compared by its config: a narrower model loads by values and trains as alone. On a
+    flat input the `Flatten` keeps its input's shape but is computed once for all slots
+    (not stacked): no slot skips it."""
     x, y = _data()
-    x = x.reshape(-1, 2, 3)
-    pack = kg.ModelPack([_flat(0, 8), _flat(1, 16)], _slot_values=True)
+    x = x.reshape(-1, *shape)
+    pack = kg.ModelPack([_flat(0, 8, shape), _flat(1, 16, shape)], _slot_values=True)
     pack.compile()
-    newcomer = _flat(7, 4)
+    newcomer = _flat(7, 4, shape)
     start = newcomer.get_weights()
     assert pack.load_problem(0, newcomer) is None
     pack.load_member(0, newcomer)
     pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    reference = _flat(7, 4)
+    reference = _flat(7, 4, shape)
     reference.set_weights(start)
     reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     _assert_same(pack.member(0), reference)

@@ -417,7 +417,9 @@ def build_graph(plan, n_members, input_mode):
             ]
         outputs = keras.tree.flatten(fused(inputs, **others))
         skips = bool(tnode.skipped) or (
-            slot_mode and _may_skip(tnode.first, tensors[sources[0]], outputs[0])
+            slot_mode
+            and fused.output_stacked
+            and _may_skip(tnode.first, tensors[sources[0]], outputs[0])
         )
         if skips:
             present = [n is not None for n in tnode.nodes]
