@@ -101,7 +101,7 @@ def member_settings(index: int, optimizer: Any) -> MemberSettings:
                 "global_clipnorm, clipvalue, loss_scale_factor, "
                 "gradient_accumulation_steps and mixed-precision loss scaling."
             )
-    learning_rate = inner._learning_rate
+    learning_rate = _upstream.raw_learning_rate(inner)
     if callable(learning_rate) and not isinstance(learning_rate, _SCHEDULE):
         raise ValueError(
             f"Member {index}'s optimizer has a callable learning rate that is not a "
