@@ -12,6 +12,7 @@ optimizer variables and logged losses.
 import keras
 import numpy as np
 import pytest
+from unfused_layers import Scale
 
 import keras_gpushare as kg
 
@@ -21,16 +22,6 @@ pytestmark = pytest.mark.skipif(
 
 BATCH = 16
 ATOL = 1e-5
-
-
-class _Scale(keras.layers.Layer):
-    """A layer the fuser does not know: its members train on the graph engine."""
-
-    def build(self, input_shape):
-        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
-
-    def call(self, x):
-        return x * self.scale
 
 
 def _data():
@@ -43,7 +34,7 @@ def _data():
 def _model(seed, family, built=True):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((6,))] if built else []
-    layers += [_Scale(), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    layers += [Scale(), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
     model = keras.Sequential(layers)
     model.compile(optimizer=family(learning_rate=1e-2), loss="mse", metrics=["mae"])
     return model

@@ -10,21 +10,12 @@ as if nothing happened. Runs on TensorFlow and JAX (and the graph engine on Tens
 import keras
 import numpy as np
 import pytest
+from unfused_layers import Scale
 
 import keras_gpushare as kg
 
 BATCH = 16
 ATOL = 1e-5
-
-
-class _Scale(keras.layers.Layer):
-    """A layer the fuser does not know: its members train on the graph engine."""
-
-    def build(self, input_shape):
-        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones")
-
-    def call(self, x):
-        return x * self.scale
 
 
 def _data():
@@ -38,7 +29,7 @@ def _model(seed, rate=1e-2, custom=False, units=8, beta_1=0.9, family=None):
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((6,))]
     if custom:
-        layers.append(_Scale())
+        layers.append(Scale())
     layers += [keras.layers.Dense(units, activation="tanh"), keras.layers.Dense(1)]
     model = keras.Sequential(layers)
     optimizer = keras.optimizers.Adam(rate, beta_1=beta_1) if family is None else family(rate)
