@@ -21,7 +21,7 @@ $(VENV)/.base: pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.base
+$(VENV)/.test: $(VENV)/.base pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
@@ -43,6 +43,7 @@ JAX_TESTS := tests/pack/fusion tests/test_docstring_examples.py tests/pack/test_
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION)
 	KERAS_BACKEND=jax $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) $(JAX_TESTS)
 	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) tests/conformance tests/pack/test_pack_slots.py tests/pack/test_backend_seam.py
@@ -72,6 +73,7 @@ docs: $(VENV)/.docs
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: $(VENV)/.test
 	$(VENV)/bin/ruff format .

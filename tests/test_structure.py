@@ -1,17 +1,17 @@
 """The package's layout rules (the design document ARCHITECTURE.md: "Layout", "Target (turn 3)").
 
-The package is parsed, not imported. Four rules, each with a test on the package and a test
-that plants an offence and sees it reported:
+The package is parsed, not imported. Four rules, each with a test on the package (for (b),
+the tool's run in `make test`) and a test that plants an offence and sees it reported:
 
 (a) No import cycle among the package's modules. Every import counts: module-level,
     function-level (lazy) ones, `importlib.import_module("literal")`, and imports under
     `if TYPE_CHECKING:` too (a type-only circle is still a circle in the design, and moving
     an import under `TYPE_CHECKING` must not be a way round the rule).
-(b) Dependencies point one way: `pack`, `placement` and `monitor` do not import each other,
-    nor `tuner`, `autopack` or `cli` (those may use `pack` and `monitor`); nothing imports
-    `keras_gpushare.cli`; no engine (`pack/engines/`) reaches `pack/model.py`. Imports
-    through a module of no part (`keras_gpushare.callbacks`, say) count as the import they
-    lead to; an engine reaching `model.py` through any chain counts.
+(b) Dependencies point one way: import-linter's contracts in pyproject.toml
+    (`lint-imports`, run by `make lint` and `make test`): `pack`, `placement` and
+    `monitor` independent of each other, `tuner` and `autopack` above them, the command line
+    above all, no engine reaching `pack/model.py`. The test here plants offences in a copy
+    of the package and sees the tool report them.
 (c) Every name the package reads or calls on an engine object is declared on one of the
     engine classes of `pack/engines/base.py` (`Engine`, `GradientEngine`,
     `SteppingEngine`); an engine taken from the gradient (stepping) engines may use only
@@ -30,18 +30,17 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "keras_gpushare"
 PACK = "keras_gpushare.pack"
-ENGINES = "keras_gpushare.pack.engines"
 ENGINE_BASE = "keras_gpushare/pack/engines/base.py"
 ENGINE_CLASSES = ("Engine", "GradientEngine", "SteppingEngine")
-
-# (b): the parts that may not import each other, and those that may use them.
-LOWER_PARTS = ("pack", "placement", "monitor")
-UPPER_PARTS = ("tuner", "autopack", "cli")
 
 # (d): the modules of pack/ that keep a public name, and why.
 PUBLIC_PACK_MODULES = {
@@ -237,57 +236,6 @@ def import_cycles(sources: dict[str, str]) -> list[list[Import]]:
 
 
 # (b) Direction of dependencies --------------------------------------------------------------
-
-
-def part(module: str) -> str | None:
-    """`pack`, `placement`, `monitor`, `tuner`, `autopack`, `cli`, or None for the rest."""
-    parts = module.split(".")
-    if len(parts) > 1 and parts[1] in LOWER_PARTS + UPPER_PARTS:
-        return parts[1]
-    return None
-
-
-def direction_violations(sources: dict[str, str]) -> list[str]:
-    """Each import, or chain of imports, going against ARCHITECTURE.md's direction."""
-    edges: dict[str, list[Import]] = {}
-    for edge in imports(sources):
-        edges.setdefault(edge.source, []).append(edge)
-    found = []
-
-    def chains(start, through):
-        """Every module `start` reaches, with the imports that lead there, following only
-        the modules for which `through(module)` holds past the first import."""
-        reached = {}
-        queue = [(start, [])]
-        while queue:
-            node, chain = queue.pop(0)
-            for edge in edges.get(node, ()):
-                if edge.target in reached or edge.target == start:
-                    continue
-                reached[edge.target] = [*chain, edge]
-                if through(edge.target):
-                    queue.append((edge.target, reached[edge.target]))
-        return reached
-
-    def describe(chain):
-        return " -> ".join(str(edge) for edge in chain)
-
-    for module in sorted(edges):
-        own = part(module)
-        if own in LOWER_PARTS:
-            for target, chain in sorted(chains(module, lambda m: part(m) is None).items()):
-                other = part(target)
-                if other is not None and other != own:
-                    found.append(f"`{own}` must not import `{other}`: {describe(chain)}")
-        for edge in edges[module]:
-            if edge.target == "keras_gpushare.cli":
-                found.append(f"nothing imports `keras_gpushare.cli`: {edge}")
-        if module == ENGINES or module.startswith(ENGINES + "."):
-            reached = chains(module, lambda m: True)
-            model = f"{PACK}.model"
-            if model in reached:
-                found.append(f"an engine must not import {model}: {describe(reached[model])}")
-    return found
 
 
 # (c) Names the package uses on engines ------------------------------------------------------
@@ -591,11 +539,6 @@ def test_no_import_cycle():
     )
 
 
-def test_dependencies_point_one_way():
-    found = direction_violations(SOURCES)
-    assert not found, "\n".join(found)
-
-
 def test_the_pack_uses_only_what_engines_declare():
     found = undeclared_engine_names(SOURCES)
     assert not found, "Declare these in keras_gpushare/pack/engines/base.py:\n" + "\n".join(found)
@@ -650,43 +593,33 @@ def test_a_package_importing_its_submodules_is_no_cycle():
     assert import_cycles(sources) == []  # pack/__init__.py runs first, but is not an edge
 
 
-def test_planted_imports_against_the_direction_are_reported():
-    sources = dict(SOURCES)
-    sources["keras_gpushare/pack/_planted.py"] = (
-        "from keras_gpushare.monitor import nvml\n"
-        "def lazy():\n"
-        "    import keras_gpushare.tuner.oracle\n"
-        "    from keras_gpushare import callbacks\n"
+def test_planted_imports_against_the_direction_are_reported(tmp_path):
+    """import-linter, on a copy of the package with offences planted, breaks each contract
+    (a lazy import and one through a module of no part count)."""
+    copy = tmp_path / "keras_gpushare"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "pack" / "_planted.py").write_text(
+        "def lazy():\n    from keras_gpushare import callbacks\n"
     )
-    sources["keras_gpushare/placement/_planted.py"] = "from keras_gpushare.pack import ModelPack\n"
-    sources["keras_gpushare/autopack/_planted.py"] = "from keras_gpushare import cli\n"
-    sources["keras_gpushare/pack/engines/_planted.py"] = (
-        "def f():\n    from keras_gpushare.pack._summary import summary\n"
+    (copy / "placement" / "_planted.py").write_text("from keras_gpushare.tuner import oracle\n")
+    (copy / "pack" / "engines" / "_planted.py").write_text(
+        "def f():\n    from keras_gpushare.pack import _summary\n"
     )
-    sources["keras_gpushare/pack/_summary.py"] += "\nfrom keras_gpushare.pack import model\n"
-    found = "\n".join(direction_violations(sources))
-    assert "`pack` must not import `monitor`: keras_gpushare/pack/_planted.py:1: imports " in found
-    assert "`pack` must not import `tuner`: keras_gpushare/pack/_planted.py:3: imports " in found
-    # Through a module of no part: keras_gpushare.callbacks imports the monitor's callback.
-    assert (
-        "`pack` must not import `monitor`: keras_gpushare/pack/_planted.py:4: imports "
-        "keras_gpushare.callbacks -> keras_gpushare/callbacks.py:3: imports "
-        "keras_gpushare.monitor.callback"
-    ) in found
-    assert "`placement` must not import `pack`: keras_gpushare/placement/_planted.py:1" in found
-    assert "nothing imports `keras_gpushare.cli`: keras_gpushare/autopack/_planted.py:1" in found
-    assert (
-        "an engine must not import keras_gpushare.pack.model: "
-        "keras_gpushare/pack/engines/_planted.py:2: imports keras_gpushare.pack._summary -> "
-    ) in found
-
-
-def test_upper_parts_may_use_pack_and_monitor():
-    sources = dict(SOURCES)
-    sources["keras_gpushare/tuner/_planted.py"] = (
-        "from keras_gpushare.pack import ModelPack\nfrom keras_gpushare.monitor import nvml\n"
+    summary = copy / "pack" / "_summary.py"
+    summary.write_text(summary.read_text() + "\nfrom keras_gpushare.pack import model\n")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    lint = pathlib.Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run(
+        [str(lint), "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
-    assert direction_violations(sources) == direction_violations(SOURCES)
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 1, out
+    assert "Contracts: 0 kept, 3 broken." in out
+    # The pack reaches the monitor through keras_gpushare.callbacks.
+    assert "keras_gpushare.pack._planted -> keras_gpushare.callbacks" in out
+    assert "keras_gpushare.placement._planted -> keras_gpushare.tuner.oracle" in out
+    assert "keras_gpushare.pack.engines._planted -> keras_gpushare.pack._summary" in out
 
 
 def test_planted_undeclared_engine_names_are_reported():
