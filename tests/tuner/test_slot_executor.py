@@ -1,0 +1,106 @@
+"""The slots executor at its seam: driven by a scripted feed of trials, no tuner or oracle.
+
+Five trials of different widths, depths and learning rates go through two slots: the
+executor asks for a trial the moment a slot frees, loads it into the program it opened
+for the first two, and reports one outcome per trial whose history equals the same model
+fitted alone with plain Keras from the same initial weights. Runs on TensorFlow and JAX.
+"""
+
+import dataclasses
+
+import keras
+import keras_tuner
+import numpy as np
+
+from keras_gpushare.tuner._executor import TrialCalls, TrialFeed
+from keras_gpushare.tuner._slot_executor import SlotExecutor
+
+FIT = dict(epochs=2, batch_size=16, shuffle=False, verbose=0)
+# (units, hidden layers, learning rate): trials 2-4 differ from the first two in every one.
+TRIALS = [(8, 2, 1e-2), (6, 1, 5e-3), (4, 1, 2e-2), (8, 2, 3e-3), (3, 2, 1e-2)]
+
+
+@dataclasses.dataclass
+class _Trial:
+    trial_id: str
+    hyperparameters: keras_tuner.HyperParameters
+
+
+def _model(hp) -> keras.Model:
+    units, hidden, rate = TRIALS[hp.get("trial")]
+    keras.utils.set_random_seed(hp.get("trial"))
+    layers = [keras.Input((5,))]
+    layers += [keras.layers.Dense(units, activation="tanh") for _ in range(hidden)]
+    model = keras.Sequential([*layers, keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(rate), "mse")
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(48, 5)).astype("float32")
+    return x, x[:, :2].sum(axis=1, keepdims=True)
+
+
+class _Feed:
+    """Hands out the trials one slot number at a time; records what was asked and ended."""
+
+    def __init__(self):
+        self.waiting = []
+        for i in range(len(TRIALS)):
+            hp = keras_tuner.HyperParameters()
+            hp.Fixed("trial", i)
+            self.waiting.append(_Trial(f"{i:02d}", hp))
+        self.asked, self.outcomes = [], {}
+
+    def next_trials(self, slots, running=False):
+        self.asked.append((list(slots), running))
+        return [self.waiting.pop(0)] if self.waiting else []
+
+    def end_trials(self, trials, outcomes):
+        self.outcomes.update(outcomes)
+
+
+def _calls(tmp_path) -> TrialCalls:
+    def ignore(*args, **kwargs):
+        return None
+
+    return TrialCalls(
+        objective=keras_tuner.Objective("loss", "min"),
+        executions_per_trial=1,
+        fuse="auto",
+        build_model=_model,
+        run_alone=ignore,
+        copy_callbacks=list,
+        configure_tensorboard=ignore,
+        checkpoint_file=lambda trial_id: str(tmp_path / f"{trial_id}.weights.h5"),
+        save_build_config=ignore,
+        on_epoch_begin=ignore,
+        on_epoch_end=ignore,
+        on_batch_begin=ignore,
+        on_batch_end=ignore,
+        batch_hooks=False,
+        epoch_end_hook=False,
+    )
+
+
+def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
+    feed = _Feed()
+    executor = SlotExecutor(_calls(tmp_path))
+    executor.run(TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT))
+
+    assert sorted(feed.outcomes) == [f"{i:02d}" for i in range(len(TRIALS))]
+    paths = {k: o.path for k, o in feed.outcomes.items()}
+    assert {p["program"] for p in paths.values()} == {"0"}, paths
+    assert all(p["why"].startswith("loaded into slot") for k, p in paths.items() if k >= "02")
+    # A slot is asked for while the other trains (`running`), one slot number at a time.
+    assert any(running for _, running in feed.asked)
+    assert all(len(slots) == 1 for slots, _ in feed.asked)
+    for trial_id, outcome in feed.outcomes.items():
+        assert outcome.error is None
+        hp = keras_tuner.HyperParameters()
+        hp.Fixed("trial", int(trial_id))
+        alone = _model(hp).fit(*_data(), **FIT).history
+        got = outcome.results[0].history
+        np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
+        assert outcome.results[0].epoch == [0, 1]
