@@ -14,8 +14,10 @@ TensorFlow about its devices imports it only on that backend.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import keras
+import numpy as np
 
 from keras_gpushare import _upstream
 
@@ -85,6 +87,44 @@ class BackendPolicy:
         from keras_gpushare.pack.fusion._checks import has_accelerator
 
         return not self.xla_optional or has_accelerator() or _upstream.in_xla_context()
+
+    def host_to_device(self, values: np.ndarray) -> Any:
+        """`values` as a variable's initial value that no backend compiles a program for.
+
+        On JAX, Keras turns a NumPy initial value into an array with `jnp.asarray`, which
+        compiles a program (`stage`) per shape; a transfer (`jax.device_put`) compiles none.
+        Elsewhere the NumPy array is returned as it is.
+
+        Args:
+            values: the values, on the host.
+
+        Returns:
+            An array holding `values`.
+        """
+        if self.name == "jax":
+            import jax
+
+            return jax.device_put(values)
+        return values
+
+    def host_values(self, *tensors: Any) -> list[np.ndarray] | None:
+        """`tensors` as NumPy arrays where computing with them eagerly would compile programs
+        that reading them does not: on JAX outside a trace (each eager operation of a new
+        shape compiles one). `None` elsewhere, and while the step is traced.
+
+        Args:
+            *tensors: the backend's tensors.
+
+        Returns:
+            Their values on the host, or `None`.
+        """
+        if self.name != "jax":
+            return None
+        import jax
+
+        if any(isinstance(t, jax.core.Tracer) for t in tensors):
+            return None
+        return [np.asarray(t) for t in tensors]
 
 
 def policy_for(name: str) -> BackendPolicy:

@@ -146,7 +146,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
             name="member_status",
             shape=(len(members),),
             dtype="int32",
-            initializer="zeros",
+            initializer=fusion_base.host_zeros,
             trainable=False,
             # Replicas of a tf.distribute strategy agree on the status (_replicas.py); any
             # replica's value is the one to keep.

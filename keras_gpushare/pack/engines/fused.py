@@ -25,6 +25,7 @@ from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
+from keras_gpushare.pack.fusion.base import host_zeros
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
 
 
@@ -38,8 +39,8 @@ class StackedMean(keras.metrics.Metric):
     def __init__(self, n_members: int, name: str = "stacked_mean", **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
         self.n_members = n_members
-        self.total = self.add_variable((n_members,), initializer="zeros", name="total")
-        self.count = self.add_variable((n_members,), initializer="zeros", name="count")
+        self.total = self.add_variable((n_members,), initializer=host_zeros, name="total")
+        self.count = self.add_variable((n_members,), initializer=host_zeros, name="count")
 
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         values = ops.cast(values, self.dtype)
@@ -57,7 +58,14 @@ class StackedMean(keras.metrics.Metric):
 
     def result(self) -> Any:
         count = ops.convert_to_tensor(self.count)
-        mean = ops.convert_to_tensor(self.total) / ops.maximum(count, 1e-12)
+        total = ops.convert_to_tensor(self.total)
+        host = BACKEND.host_values(count, total)
+        if host is not None:  # read outside the step: the same figures, no program compiled
+            count, total = host
+            with np.errstate(all="ignore"):  # as XLA: an overflow is inf, without a warning
+                mean = total / np.maximum(count, np.asarray(1e-12, dtype=count.dtype))
+            return np.where(count > 0, mean, np.asarray(np.nan, dtype=mean.dtype))
+        mean = total / ops.maximum(count, 1e-12)
         return ops.where(count > 0, mean, float("nan"))
 
     def get_config(self) -> dict:

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.fusion import layout as layout_lib
 
 # Set while the converter builds fused layers whose every weight it then overwrites with the
@@ -47,11 +48,13 @@ def slot_values_enabled() -> bool:
 
 
 def host_zeros(shape, dtype=None):
-    """An initializer: zeros made with NumPy, which no backend compiles a program for."""
+    """An initializer: zeros made with NumPy and handed over as they are (on JAX by a
+    transfer), which no backend compiles a program for."""
     try:
-        return np.zeros(shape, dtype=np.dtype(keras.backend.standardize_dtype(dtype)))
+        zeros = np.zeros(shape, dtype=np.dtype(keras.backend.standardize_dtype(dtype)))
     except TypeError:
-        return np.zeros(shape, dtype="float32")
+        zeros = np.zeros(shape, dtype="float32")
+    return BACKEND.host_to_device(zeros)
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
