@@ -8,6 +8,7 @@ import math
 import numbers
 import os
 import threading
+import types
 import warnings
 import weakref
 from typing import Any
@@ -115,6 +116,12 @@ class UtilizationLogger(keras.callbacks.Callback):
         # Only reads aggregates under the sampler's lock, so Keras may call the batch hook
         # from its async-dispatch thread (jax, torch) without losing async dispatch.
         self.async_safe = True
+        if self.every == "epoch":
+            # Figures at epoch ends only: Keras's own do-nothing batch hook, so that `fit`
+            # (a ModelPack's batches per compiled call, too) runs as without the logger.
+            self.on_train_batch_end = types.MethodType(
+                keras.callbacks.Callback.on_train_batch_end, self
+            )
         self.advice: str | None = None
         self.monitored_devices: list[dict[str, Any]] = []
         self.epoch_samples: list[dict[str, float]] = []

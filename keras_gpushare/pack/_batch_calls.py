@@ -59,9 +59,10 @@ def acts_on_batches(callback: keras.callbacks.Callback) -> bool:
 
 def _overridden(callback: keras.callbacks.Callback, name: str, base: type) -> bool:
     """Whether `callback` replaces `base`'s hook `name` (in its class, or as `LambdaCallback`
-    does, on the instance)."""
-    if name in vars(callback):
-        return True
+    does, on the instance; an instance that puts `base`'s own hook back does not)."""
+    own = vars(callback).get(name)
+    if own is not None:
+        return getattr(own, "__func__", None) is not getattr(base, name)
     return getattr(type(callback), name) is not getattr(base, name)
 
 

@@ -1,5 +1,6 @@
 """UtilizationLogger under real `fit` runs, NVML faked in `sys.modules`: exact figures."""
 
+import copy
 import csv
 import logging
 import math
@@ -337,3 +338,14 @@ def test_every_hook_the_logger_relies_on_fires_under_fit(fake_nvml):
 
     fit(Spy(interval=0.02, every=1), epochs=1, steps=2)
     assert calls == ["train_begin", "batch_end", "batch_end", "epoch_end", "train_end"]
+
+
+def test_an_epoch_only_logger_keeps_a_packs_batches_per_call():
+    """With figures at epoch ends only, the logger shows no batch hook: a ModelPack still
+    runs many batches per compiled call (a batch hook makes it one, which on an H200 made a
+    pack of 64 members ten times slower); with `every=k` it acts on batches."""
+    from keras_gpushare.pack import _batch_calls
+
+    assert _batch_calls.steps_per_call(16, [UtilizationLogger()], []) == 16
+    assert _batch_calls.steps_per_call(16, [copy.deepcopy(UtilizationLogger())], []) == 16
+    assert _batch_calls.steps_per_call(16, [UtilizationLogger(every=2)], []) == 1
