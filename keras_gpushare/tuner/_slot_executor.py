@@ -22,7 +22,6 @@ from typing import Any
 import keras
 
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.pack._member_callbacks import member_logs
 from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome
 from keras_gpushare.tuner._pack_executor import (
     PackExecutor,
@@ -81,32 +80,24 @@ class _SlotEpoch(keras.callbacks.Callback):
         self.optimizer_state = optimizer_state
         self.refill = refill
 
-    def _runs(self) -> list[tuple[int, TrialRun]]:
-        return [(i, self.program.slots[i]) for i in self.program.active]
+    def _runs(self) -> list[TrialRun]:
+        """The trial executions in the slots (each `run.index` its slot)."""
+        return [self.program.slots[i] for i in self.program.active]
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        for index, run in self._runs():
-            mlogs = member_logs(logs, index)
-            run.calls.on_epoch_begin(run.trial, run.model, run.next_epoch, logs=mlogs)
-            for callback in run.callbacks:
-                callback.on_epoch_begin(run.next_epoch, mlogs)
+        for run in self._runs():
+            run.begin_epoch(run.next_epoch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         runs = self._runs()
-        optimizer_state = self.optimizer_state or any(run.callbacks for _, run in runs)
+        optimizer_state = self.optimizer_state or any(run.callbacks for run in runs)
         members = self.program.pack._refreshed_members(optimizer_state=optimizer_state)
         ended = []
-        for index, run in runs:
-            run.model = members[index]
-            mlogs = member_logs(logs, index)
-            run.record(run.next_epoch, mlogs)
-            run.checkpoint.update(run.model, mlogs)
-            run.calls.on_epoch_end(run.trial, run.model, run.next_epoch, logs=mlogs)
-            for callback in run.callbacks:
-                callback.on_epoch_end(run.next_epoch, mlogs)
+        for run in runs:
+            run.end_epoch(run.next_epoch, logs, members[run.index])
             run.next_epoch += 1
             if run.model.stop_training or run.next_epoch >= run.last_epoch:
-                ended.append((index, run))
+                ended.append(run)
         if self.refill(ended):
             self.model.stop_training = True
 
@@ -115,18 +106,12 @@ class _SlotEpochWithBatches(_SlotEpoch):
     """`_SlotEpoch` that also forwards train-batch events to each slot's trial."""
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        for index, run in self._runs():
-            mlogs = member_logs(logs, index)
-            run.calls.on_batch_begin(run.trial, run.model, batch, mlogs)
-            for callback in run.callbacks:
-                callback.on_train_batch_begin(batch, mlogs)
+        for run in self._runs():
+            run.begin_batch(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        for index, run in self._runs():
-            mlogs = member_logs(logs, index)
-            run.calls.on_batch_end(run.trial, run.model, batch, mlogs)
-            for callback in run.callbacks:
-                callback.on_train_batch_end(batch, mlogs)
+        for run in self._runs():
+            run.end_batch(batch, logs)
 
 
 class SlotExecutor(PackExecutor):
@@ -150,6 +135,7 @@ class SlotExecutor(PackExecutor):
         self._paths: dict[str, dict[str, str]] = {}
         self._alone: dict[str, dict[str, str]] = {}
         self._waiting: list[TrialRun] = []
+        self._takes: dict[TrialRun, bool] = {}
         self._free = deque(range(feed.slots))
         keras.backend.clear_session()
         while True:
@@ -224,15 +210,15 @@ class SlotExecutor(PackExecutor):
     def _a_slot_would_take(self, run: TrialRun) -> bool:
         """Whether some slot of a training program of `run`'s batch size, busy or not,
         takes `run`'s model (the answer is kept: programs are only added while it waits)."""
-        if getattr(run, "slot_taker", None) is None:
+        if run not in self._takes:
             batch_size = repr(_batch_size(run, self._fit_kwargs))
-            run.slot_taker = any(
+            self._takes[run] = any(
                 program.pack.load_problem(i, run.model) is None
                 for program in self._programs
                 if program.batch_key == batch_size and program.active
                 for i in range(len(program.slots))
             )
-        return run.slot_taker
+        return self._takes[run]
 
     def _load(self, run: TrialRun, programs: list[_Program]) -> bool:
         """Loads `run` into a free slot of one of `programs` of its batch size; whether one
@@ -321,12 +307,12 @@ class SlotExecutor(PackExecutor):
 
         raised: list[BaseException] = []
 
-        def refill(ended: list[tuple[int, TrialRun]]) -> bool:
+        def refill(ended: list[TrialRun]) -> bool:
             # The tuner's errors (a FatalError once too many trials failed) end the search,
             # not the program: they are raised again once the fit has returned.
             try:
-                for index, run in ended:
-                    self._slot_ended(program, index, run)
+                for run in ended:
+                    self._slot_ended(program, run.index, run)
                 self._waiting = [r for r in self._waiting if not self._load(r, [program])]
                 if any(slot is None for slot in program.slots):
                     self._place(self._ask(), program)

@@ -103,8 +103,43 @@ class TrialRun:
         self.checkpoint = checkpoint
         self.index = -1
         self.active = True
+        # The epoch this execution trains next, where its pack's epochs are not its own (the
+        # slots executor's).
+        self.next_epoch = 0
         self.epochs: list[int] = []
         self.history: dict[str, list[float]] = {}
+
+    def begin_epoch(self, epoch: int, logs: dict | None) -> None:
+        """Epoch `epoch` begins: the tuner's hook and the callbacks see this member's logs."""
+        mlogs = member_logs(logs, self.index)
+        self.calls.on_epoch_begin(self.trial, self.model, epoch, logs=mlogs)
+        for callback in self.callbacks:
+            callback.on_epoch_begin(epoch, mlogs)
+
+    def end_epoch(self, epoch: int, logs: dict | None, model: keras.Model) -> None:
+        """Epoch `epoch` ended, `model` holding its weights: recorded, checkpointed, and the
+        tuner's hook and the callbacks see this member's logs."""
+        self.model = model
+        mlogs = member_logs(logs, self.index)
+        self.record(epoch, mlogs)
+        self.checkpoint.update(self.model, mlogs)
+        self.calls.on_epoch_end(self.trial, self.model, epoch, logs=mlogs)
+        for callback in self.callbacks:
+            callback.on_epoch_end(epoch, mlogs)
+
+    def begin_batch(self, batch: int, logs: dict | None) -> None:
+        """A train batch begins: the tuner's hook and the callbacks see this member's logs."""
+        mlogs = member_logs(logs, self.index)
+        self.calls.on_batch_begin(self.trial, self.model, batch, mlogs)
+        for callback in self.callbacks:
+            callback.on_train_batch_begin(batch, mlogs)
+
+    def end_batch(self, batch: int, logs: dict | None) -> None:
+        """A train batch ended: the tuner's hook and the callbacks see this member's logs."""
+        mlogs = member_logs(logs, self.index)
+        self.calls.on_batch_end(self.trial, self.model, batch, mlogs)
+        for callback in self.callbacks:
+            callback.on_train_batch_end(batch, mlogs)
 
     def record(self, epoch: int, logs: dict) -> None:
         self.epochs.append(epoch)
@@ -160,10 +195,7 @@ class PackTrials(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         for run in self._runs:
             if run.active:
-                mlogs = member_logs(logs, run.index)
-                run.calls.on_epoch_begin(run.trial, run.model, epoch, logs=mlogs)
-                for callback in run.callbacks:
-                    callback.on_epoch_begin(epoch, mlogs)
+                run.begin_epoch(epoch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         # The fused engine's member models are refreshed from its stacked weights, so
@@ -174,13 +206,7 @@ class PackTrials(keras.callbacks.Callback):
         for run in self._runs:
             if not run.active:
                 continue
-            run.model = members[run.index]
-            mlogs = member_logs(logs, run.index)
-            run.record(epoch, mlogs)
-            run.checkpoint.update(run.model, mlogs)
-            run.calls.on_epoch_end(run.trial, run.model, epoch, logs=mlogs)
-            for callback in run.callbacks:
-                callback.on_epoch_end(epoch, mlogs)
+            run.end_epoch(epoch, logs, members[run.index])
             if run.model.stop_training or epoch + 1 >= run.last_epoch:
                 run.active = False
                 if epoch + 1 < self._epochs:
@@ -203,15 +229,9 @@ class PackTrialsWithBatches(PackTrials):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         for run in self._runs:
             if run.active:
-                mlogs = member_logs(logs, run.index)
-                run.calls.on_batch_begin(run.trial, run.model, batch, mlogs)
-                for callback in run.callbacks:
-                    callback.on_train_batch_begin(batch, mlogs)
+                run.begin_batch(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         for run in self._runs:
             if run.active:
-                mlogs = member_logs(logs, run.index)
-                run.calls.on_batch_end(run.trial, run.model, batch, mlogs)
-                for callback in run.callbacks:
-                    callback.on_train_batch_end(batch, mlogs)
+                run.end_batch(batch, logs)
