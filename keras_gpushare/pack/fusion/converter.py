@@ -9,7 +9,7 @@ from keras import KerasTensor
 from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _masks, registry
 from keras_gpushare.pack.fusion.base import slot_values_enabled
-from keras_gpushare.pack.fusion.layers_core import FusedBroadcast, FusedSkip
+from keras_gpushare.pack.fusion.layers_core import FusedBroadcast, FusedSkip, skip_name
 
 _IGNORED_KEYS = ("name", "seed")
 
@@ -423,7 +423,7 @@ def build_graph(plan, n_members, input_mode):
         )
         if skips:
             present = [n is not None for n in tnode.nodes]
-            outputs[0] = FusedSkip(n_members, {"present": present}, name=f"{fused.name}_skip")(
+            outputs[0] = FusedSkip(n_members, {"present": present}, name=skip_name(fused.name))(
                 [stacked_tensor(sources[0]), outputs[0]]
             )
         for j, new in enumerate(outputs):

@@ -706,6 +706,11 @@ class FusedActivation(FusedLayer):
         return mask if not self.output_stacked else self.stacked_mask(mask)
 
 
+def skip_name(layer_name: str) -> str:
+    """The name of the `FusedSkip` that lets members leave out fused layer `layer_name`."""
+    return f"{layer_name}_skip"
+
+
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class FusedSkip(FusedLayer):
     """Each member's output of a layer, or its input where the member leaves the layer out.

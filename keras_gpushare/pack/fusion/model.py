@@ -10,7 +10,7 @@ from keras import ops
 
 from keras_gpushare.pack.fusion import converter, registry
 from keras_gpushare.pack.fusion.base import members_loaded_after
-from keras_gpushare.pack.fusion.layers_core import FusedSkip
+from keras_gpushare.pack.fusion.layers_core import FusedSkip, skip_name
 from keras_gpushare.pack.fusion.report import inspect_members
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class FusedModel(keras.Model):
         `FusedSkip` that lets a slot leave it out (`None` where none does)."""
         skips = {layer.name: layer for layer in self.graph.layers if isinstance(layer, FusedSkip)}
         return [
-            (layer, skips.get(f"{layer.name}_skip"))
+            (layer, skips.get(skip_name(layer.name)))
             for layer in self.graph.layers
             if layer.name in self.layer_index
         ]
