@@ -207,6 +207,8 @@ class ParallelTuner(keras_tuner.Tuner):
             overwrite=overwrite,
             **kwargs,
         )
+        # Models `_declare` built for trials, taken by the executor: {id(hp): (hp, models)}.
+        self._built: dict[int, tuple] = {}
         self._executor = self._make_executor(executor)
 
     def _make_executor(self, executor: str) -> Executor:
@@ -232,7 +234,7 @@ class ParallelTuner(keras_tuner.Tuner):
             objective=self.oracle.objective,
             executions_per_trial=self.executions_per_trial,
             fuse=self.fuse,
-            build_model=self._build_trial_model,
+            build_model=self._take_built_model,
             run_alone=lambda trial, *args, **kwargs: self.run_trial(trial, *args, **kwargs),
             copy_callbacks=lambda callbacks: _upstream.copy_callbacks(self, callbacks),
             configure_tensorboard=lambda callbacks, trial, execution: (
@@ -396,6 +398,7 @@ class ParallelTuner(keras_tuner.Tuner):
             self.pre_create_trial()
             trial = self.oracle.create_trial(slot)
             if trial.status == TrialStatus.RUNNING:
+                self._declare(trial)
                 trials.append(trial)
             if trial.status != TrialStatus.STOPPED:
                 stopped = False
@@ -446,6 +449,40 @@ class ParallelTuner(keras_tuner.Tuner):
             logger.warning("Trial %s: %s: %s", trial.trial_id, type(e).__name__, e)
 
     # Building ----------------------------------------------------------------------------
+
+    def _declare(self, trial: trial_module.Trial) -> None:
+        """Builds `trial`'s models now, before the next trial is made, and adds the
+        hyperparameters their building declared (`units_2` of a third layer, say) to the
+        oracle's space.
+
+        KerasTuner's own loop ends a trial (and so updates the space) before it makes the
+        next, so each trial is drawn from a space that knows what the trials before it
+        declared; trials made several at a time are drawn from the same space that way.
+        The executor takes the models built here (`build_model`), in the same order, so
+        nothing is built twice; an error is raised again when it asks.
+        """
+        hp = trial.hyperparameters
+        models: list = []
+        try:
+            for _ in range(self.executions_per_trial):
+                models.append(self._build_trial_model(hp))
+        except Exception as e:
+            models.append(e)
+        self._built[id(hp)] = (hp, models)
+        if getattr(self.oracle, "allow_new_entries", True):
+            self.oracle.update_space(hp)
+
+    def _take_built_model(self, hp: Any) -> keras.Model:
+        """The next model `_declare` built for `hp`, or a new one."""
+        _, models = self._built.get(id(hp), (None, []))
+        if not models:
+            return self._build_trial_model(hp)
+        model = models.pop(0)
+        if not models:
+            del self._built[id(hp)]
+        if isinstance(model, Exception):
+            raise model
+        return model
 
     def _build_trial_model(self, hp: Any) -> keras.Model:
         """`Tuner._try_build` without `clear_session` (the round's other models live on)."""
