@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -194,7 +194,13 @@ class _MemberLayers:
         return getattr(self._pack, name)
 
 
-class _MemberWeights:
+if TYPE_CHECKING:
+    from keras.callbacks import TensorBoard as _TensorBoard
+else:
+    _TensorBoard = object
+
+
+class _MemberWeights(_TensorBoard):
     """Mixed into a `TensorBoard` class: weight histograms (and images) of the members."""
 
     def _log_weights(self, epoch: int) -> None:
@@ -236,7 +242,8 @@ def member_weights_tensorboard(
     Returns:
         A `TensorBoard` of `callback`'s class with its weight logging pointed at the members.
     """
-    result = object.__new__(_member_weights_class(type(callback)))
+    cls: type = type(callback)
+    result: keras.callbacks.TensorBoard = object.__new__(_member_weights_class(cls))
     result.__dict__ = callback.__dict__
     return result
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 
@@ -92,6 +92,12 @@ class TrialCalls:
     epoch_end_hook: bool
 
 
+class NextTrials(Protocol):
+    """`next_trials(slots, running=False)`: see `TrialFeed`."""
+
+    def __call__(self, slots: Sequence[int], running: bool = False) -> list: ...
+
+
 @dataclass(frozen=True)
 class TrialFeed:
     """Where an executor's trials come from and where their outcomes go.
@@ -109,7 +115,7 @@ class TrialFeed:
     """
 
     slots: int
-    next_trials: Callable[[Sequence[int]], list]
+    next_trials: NextTrials
     end_trials: Callable[[list, dict], None]
 
 
@@ -132,8 +138,11 @@ class WorkerLaunch:
     init_kwargs: dict
 
 
-class Executor:
+class Executor(Protocol):
     """Runs trials and reports their outcomes; built once by `ParallelTuner.__init__`.
+
+    A protocol: mypy checks every executor `ParallelTuner._make_executor` returns against
+    it, and each class that names it as a base where the class is defined.
 
     Attributes:
         workers: `None` when the trials run in this process through `run`; otherwise the
@@ -142,7 +151,7 @@ class Executor:
             called).
     """
 
-    workers: WorkerLaunch | None = None
+    workers: WorkerLaunch | None
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
         """Trains the feed's trials, with the search's `fit` arguments, until none is left.
@@ -152,11 +161,12 @@ class Executor:
             fit_args: positional arguments of the search's `fit`.
             fit_kwargs: keyword arguments of the search's `fit`.
         """
-        raise NotImplementedError(f"{type(self).__name__} runs no trials in this process.")
 
 
 class RoundExecutor(Executor):
     """An executor that trains trials a round at a time: one trial per slot, then the next."""
+
+    workers: WorkerLaunch | None = None
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
         while True:

@@ -29,15 +29,18 @@ import types
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import keras_tuner
 
 from keras_gpushare import _upstream
-from keras_gpushare.tuner._executor import Executor, WorkerLaunch
+from keras_gpushare.tuner._executor import Executor, TrialFeed, WorkerLaunch
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
 
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
@@ -116,9 +119,12 @@ class ProcessExecutor(Executor):
         init_args: tuple,
         init_kwargs: dict,
     ) -> None:
-        self.workers = WorkerLaunch(
+        self.workers: WorkerLaunch = WorkerLaunch(
             parallel_trials, memory_limit_mb, tuner_class, init_args, init_kwargs
         )
+
+    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} runs no trials in this process.")
 
 
 def _spec_bytes(
@@ -186,14 +192,15 @@ def _check_main(main_names: list[str]) -> str | None:
 # Chief side -------------------------------------------------------------------------------
 
 
-class _ChiefServicer(_upstream.oracle_servicer_class()):
+# mypy cannot check a base made at run time (KerasTuner's gRPC servicer, by `_upstream`).
+class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
     """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE."""
 
     def CreateTrial(self, request: Any, context: Any) -> Any:
         trial = self.next_trial(request.tuner_id)
         return _upstream.kt_protos().get_service().CreateTrialResponse(trial=trial.to_proto())
 
-    def next_trial(self, tuner_id: str) -> trial_module.Trial:
+    def next_trial(self, tuner_id: str) -> Trial:
         trial = self.oracle.wait_for_trial(tuner_id, timeout=_IDLE_WAIT_S)
         if trial.status == TrialStatus.STOPPED:
             self.stop_triggered = True
@@ -250,13 +257,13 @@ class ChiefClient:
             self._whole = False
             return None
 
-    def create_trial(self, tuner_id: str) -> trial_module.Trial:
+    def create_trial(self, tuner_id: str) -> Trial:
         response = self._call(self._create, {"tuner_id": tuner_id})
         if response is None:
             return self.client.create_trial(tuner_id)
         return trial_module.Trial.from_state(json.loads(response))
 
-    def end_trial(self, trial: trial_module.Trial) -> None:
+    def end_trial(self, trial: Trial) -> None:
         if not self.client.should_report:
             return
         if self._call(self._end, trial.get_state()) is None:
@@ -332,8 +339,8 @@ def run_chief(
         fit_kwargs: keyword arguments of the search's `fit`.
     """
     local = launch.count if launch is not None else 0
-    spec_path = None
-    if local:
+    spec_path = ""  # none written: no local workers
+    if launch is not None and local:
         spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
         main_path = _check_main(main_names)
         header = WorkerHeader(
@@ -383,7 +390,7 @@ def run_chief(
         for slot in slots:
             _stop_process(slot.process)
         server.stop(grace=1.0)
-        if spec_path is not None:
+        if spec_path:
             for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
                 if os.path.exists(path):
                     os.remove(path)

@@ -7,7 +7,7 @@ import os
 import time
 import traceback
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import keras_tuner
@@ -19,6 +19,9 @@ from keras_gpushare.tuner._executor import Executor, TrialCalls, TrialFeed
 from keras_gpushare.tuner.oracle import ParallelOracle
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
 
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
@@ -292,7 +295,7 @@ class ParallelTuner(keras_tuner.Tuner):
         from keras_gpushare.tuner import _process_executor
 
         # Trials travel whole (message, hyperparameters in order) to a chief of this package.
-        self.oracle = _process_executor.chief_client(self.oracle)
+        self.oracle: Any = _process_executor.chief_client(self.oracle)
         self.on_search_begin()
         self._search_trials(fit_args, fit_kwargs, remote=True)
         self.on_search_end()
@@ -421,7 +424,7 @@ class ParallelTuner(keras_tuner.Tuner):
         if error is not None:
             raise error
 
-    def _record_outcome(self, trial: trial_module.Trial, outcome: Any) -> None:
+    def _record_outcome(self, trial: Trial, outcome: Any) -> None:
         if outcome.path is not None:
             self._record_path(trial.trial_id, outcome.path)
         try:
@@ -472,7 +475,7 @@ class ParallelTuner(keras_tuner.Tuner):
             model.load_weights(_upstream.checkpoint_file(self, parent))
         return model
 
-    def run_trial(self, trial: trial_module.Trial, *fit_args: Any, **fit_kwargs: Any) -> Any:
+    def run_trial(self, trial: Trial, *fit_args: Any, **fit_kwargs: Any) -> Any:
         """Runs one trial alone with KerasTuner's `Tuner.run_trial`, honouring Hyperband.
 
         Used for trials that run one at a time (worker processes, `run_trial` or

@@ -58,9 +58,9 @@ class FusedConv(FusedLayer):
     ```
     """
 
-    size_keys = ("filters",)
-    per_member_keys = ("activation", "use_bias")
-    regularizer_keys = ("kernel_regularizer", "bias_regularizer")
+    size_keys: tuple[str, ...] = ("filters",)
+    per_member_keys: tuple[str, ...] = ("activation", "use_bias")
+    regularizer_keys: tuple[str, ...] = ("kernel_regularizer", "bias_regularizer")
     skippable = True
     xla_pays_on_cpu = False
 
