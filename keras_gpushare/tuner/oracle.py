@@ -101,12 +101,6 @@ class ParallelOracle(keras_tuner.Oracle):
 
     # Delegation --------------------------------------------------------------------------
 
-    @property  # type: ignore[misc]  # (the next commit removes this)
-    def __class__(self) -> type:
-        # `isinstance(tuner.oracle, HyperbandOracle)` holds as in KerasTuner, where
-        # `tuner.oracle` is the oracle itself; `type()` still says ParallelOracle.
-        return type(object.__getattribute__(self, "oracle"))
-
     def __getattr__(self, name: str) -> Any:
         return getattr(object.__getattribute__(self, "oracle"), name)
 
