@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from keras_gpushare.pack._backend import has_accelerator
 from keras_gpushare.pack.fusion import registry
-from keras_gpushare.pack.fusion._checks import has_accelerator
 
 OVERHEAD_FLOPS = {"cpu": 1e7, "gpu": 2e8}
 ASSUMED_BATCH = 32

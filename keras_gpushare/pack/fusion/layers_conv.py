@@ -7,13 +7,10 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import has_accelerator
 from keras_gpushare.pack.fusion import _padding
 from keras_gpushare.pack.fusion import layout as layout_lib
-from keras_gpushare.pack.fusion._checks import (
-    has_accelerator,
-    padded_activation_problem,
-    unsupported_options,
-)
+from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion.base import FusedLayer, fold
 from keras_gpushare.pack.fusion.registry import register_fused_layer
