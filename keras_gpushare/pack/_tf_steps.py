@@ -20,6 +20,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.fusion import VectorizedOptimizer
 
@@ -86,7 +87,7 @@ class TensorFlowSteps(_Model):
                 data_batch = _symbolic_batch(_upstream.epoch_iterator_element_spec(iterator))
             self._symbolic_build(iterator=iterator, data_batch=data_batch, members=ready)
             return
-        super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
+        _upstream.maybe_symbolic_build(super(), data_batch)
 
     def _first_replica_value(self, value: Any) -> Any:
         if isinstance(value, tf.distribute.DistributedValues):
@@ -134,7 +135,7 @@ class TensorFlowSteps(_Model):
         return self._logs()
 
 
-def count_failed_step(pack: Any) -> None:
+def count_failed_step(pack: PackInternals) -> None:
     """Counts a training call that raised as a step in the `iterations` of each member
     whose own `fit` would have counted it.
 

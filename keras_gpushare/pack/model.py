@@ -761,7 +761,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         if self.optimizer is not None and not self.optimizer.built:
             # The variables the step hands the optimizer: not the graph engine's members'.
             self.optimizer.build(self._gradient_variables())
-        super()._symbolic_build(iterator=None, data_batch=data_batch)
+        _upstream.symbolic_build(super(), data_batch)
 
     def _check_labels(self, x: Any, y: Any) -> None:
         """Raises, naming the member, when a member cannot take the inputs or the labels."""

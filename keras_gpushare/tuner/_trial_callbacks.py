@@ -15,6 +15,8 @@ from keras_gpushare.tuner._executor import TrialCalls
 if TYPE_CHECKING:
     from keras_tuner.engine.trial import Trial
 
+    from keras_gpushare.pack.model import ModelPack
+
 trial_module = _upstream.kt_trial_module()
 
 
@@ -177,7 +179,7 @@ class PackTrials(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, pack: keras.Model, runs: list[TrialRun], epochs: int, optimizer_state: bool = True
+        self, pack: ModelPack, runs: list[TrialRun], epochs: int, optimizer_state: bool = True
     ) -> None:
         super().__init__()
         self._pack = pack

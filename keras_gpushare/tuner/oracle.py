@@ -24,7 +24,7 @@ _ENDED = (TrialStatus.COMPLETED, TrialStatus.FAILED)
 
 # Attributes that live on the wrapper; every other attribute is the wrapped oracle's.
 _OWN_ATTRIBUTES = frozenset(
-    {"oracle", "parallel_trials", "fatal_error", "_lock", "_trial_ended", "_started"}
+    {"oracle", "parallel_trials", "fatal_error", "_lock", "_trial_ended", "_started", "_restarts"}
 )
 
 
@@ -93,6 +93,7 @@ class ParallelOracle(keras_tuner.Oracle):
         object.__setattr__(self, "_lock", lock)
         object.__setattr__(self, "_trial_ended", threading.Condition(lock))
         object.__setattr__(self, "_started", {})
+        object.__setattr__(self, "_restarts", {})
         # KerasTuner writes its state with a plain open/write; a kill mid-write leaves a
         # truncated file that the next run cannot reload. Route the writes through
         # write-to-temporary-and-rename.
@@ -227,7 +228,7 @@ class ParallelOracle(keras_tuner.Oracle):
             trial = self.oracle.ongoing_trials.get(tuner_id)
             if trial is None:
                 return None
-            restarts = self._restart_counts()
+            restarts = self._restarts
             restarts[trial.trial_id] = restarts.get(trial.trial_id, 0) + 1
             if restarts[trial.trial_id] > max_restarts:
                 trial.status = TrialStatus.FAILED
@@ -248,13 +249,6 @@ class ParallelOracle(keras_tuner.Oracle):
         with self._trial_ended:
             self.oracle.tuner_ids.discard(tuner_id)
             self._trial_ended.notify_all()
-
-    def _restart_counts(self) -> dict[str, int]:
-        counts = getattr(self.oracle, "_kg_restarts", None)
-        if counts is None:
-            counts = {}
-            self.oracle._kg_restarts = counts
-        return counts
 
     def _forget_ongoing(self, trial_id: str) -> None:
         ongoing = self.oracle.ongoing_trials
@@ -323,7 +317,7 @@ class ParallelOracle(keras_tuner.Oracle):
 
     def _save_state(self) -> None:
         state = self.oracle.get_state()
-        state["kg_restarts"] = dict(self._restart_counts())
+        state["kg_restarts"] = dict(self._restarts)
         _state.write_json(_upstream.oracle_file(self.oracle), state)
 
     def _save_trial_state(self, trial: Trial) -> None:
@@ -340,7 +334,7 @@ class ParallelOracle(keras_tuner.Oracle):
         with self._lock:
             self._call(self.oracle.reload)
             state = _upstream.kt_load_json(_upstream.oracle_file(self.oracle))
-            self.oracle._kg_restarts = dict(state.get("kg_restarts", {}))
+            self._restarts = dict(state.get("kg_restarts", {}))
             self._repair()
             self._save_state()
 

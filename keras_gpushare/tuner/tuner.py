@@ -134,6 +134,8 @@ class ParallelTuner(keras_tuner.Tuner):
     ```
     """
 
+    _init_call: tuple[tuple, dict[str, Any]]  # the arguments it was made with (`__new__`)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> ParallelTuner:
         tuner = super().__new__(cls)
         # The processes executor's workers rebuild this tuner, subclass included, from the
@@ -464,7 +466,7 @@ class ParallelTuner(keras_tuner.Tuner):
         return model
 
     def _build_hypermodel(self, hp: Any) -> keras.Model:
-        model = super()._build_hypermodel(hp)
+        model = _upstream.kt_build_hypermodel(super(), hp)
         # Hyperband: a trial promoted to the next round starts from its parent's weights.
         parent = hp.values.get("tuner/trial_id")
         if parent is not None:
