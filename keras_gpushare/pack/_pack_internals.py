@@ -3,7 +3,8 @@
 The callbacks a pack adds to `fit` (`_watcher`, `_member_callbacks`) and its TensorFlow
 steps (`_tf_steps`) are modules that `pack/model.py` imports, so they cannot name
 `ModelPack`, not even for types (import-linter's no-cycle contract counts type-only
-imports). They name this protocol instead, which `ModelPack` follows.
+imports). They name this protocol instead. `ModelPack` follows it by hand: mypy cannot tell
+(a class with untyped Keras bases passes for any protocol), so keep the two in step.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         if not model.built:
             return "it is not built; call it on data or `build` it"
         engine, j = self._locate(index)
-        problem = engine.load_problem(j, model)
+        problem = engine.load_problem(j, model, self.optimizer)
         steps = _slots.steps_taken(model.optimizer)
         if problem is None and steps:
             problem = (
@@ -582,6 +582,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
             optimizers,
             groups=[engine.member_ids for engine in engines],
             skip_nonfinite=self._on_nan == "freeze",
+            slot_values=self._slot_values,
         )
         optimizer.set_variable_groups(
             [

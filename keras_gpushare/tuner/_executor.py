@@ -9,9 +9,8 @@ sees the tuner. `ParallelTuner.__init__` builds one, once, from its `executor` a
   callbacks, checkpoint and build-config files, the tuner's per-epoch and per-batch hooks).
 - `TrialFeed`, at each `run`: where the trials come from and where their outcomes go
   (`next_trials` asks the oracle for trials, one per slot; `end_trials` reports outcomes
-  to the oracle and ends the trials as KerasTuner would).
-- `WorkerLaunch`, for an executor whose trials run in worker processes: what the tuner's
-  chief needs to start them.
+  to the oracle and ends the trials as KerasTuner would; `one_at_a_time` runs them with
+  KerasTuner's own loop instead).
 
 Adding an executor (for instance a slot executor, which streams trials through the fixed
 slots of one compiled program and re-initialises a slot when its trial ends) takes one new
@@ -20,7 +19,9 @@ arguments, and one line in the choice `ParallelTuner.__init__` makes
 (`ParallelTuner._make_executor`, plus the name in `_check_arguments`). A round executor implements
 `run_round(trials, fit_args, fit_kwargs)` (a `RoundExecutor`); a streaming one implements
 `run(feed, fit_args, fit_kwargs)` itself, asking `feed.next_trials([slot])` for a trial
-whenever a slot is free and passing each ended trial's outcome to `feed.end_trials`.
+whenever a slot is free and passing each ended trial's outcome to `feed.end_trials`. The
+"processes" executor's `run` is the tuner's chief: it serves the oracle to worker processes
+that run the trials (`_process_executor`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ class NextTrials(Protocol):
     def __call__(self, slots: Sequence[int], running: bool = False) -> list: ...
 
 
+def _not_given(*args: Any, **kwargs: Any) -> None:
+    raise NotImplementedError("This feed was made without it.")
+
+
 @dataclass(frozen=True)
 class TrialFeed:
     """Where an executor's trials come from and where their outcomes go.
@@ -112,30 +117,23 @@ class TrialFeed:
         end_trials: `end_trials(trials, outcomes)`: reports each trial's `TrialOutcome`
             (`{trial_id: outcome}`) to the oracle and ends it, as KerasTuner would; raises
             a `keras_tuner.errors.FatalError` (or the oracle's error) once all are ended.
+        remote: whether the trials come from a chief in another process (the tuner is a
+            worker of KerasTuner's distributed tuning). Defaults to `False`.
+        one_at_a_time: `one_at_a_time(path, fit_args, fit_kwargs)`: runs the search's
+            trials instead with KerasTuner's own loop, one at a time under the tuner's id,
+            each with the tuner's `run_trial`, recording `path` (a record of
+            `ParallelTuner.trial_paths`) for each. Defaults to raising.
+        record_ended: `record_ended(path)`: records `path` for every ended trial that has
+            none (trials another process ran) and saves the tuner's state. Defaults to
+            raising.
     """
 
     slots: int
     next_trials: NextTrials
     end_trials: Callable[[list, dict], None]
-
-
-@dataclass(frozen=True)
-class WorkerLaunch:
-    """What the tuner's chief needs to start an executor's worker processes.
-
-    Args:
-        count: worker processes to start on this machine.
-        memory_limit_mb: each worker's GPU memory cap in MiB, or `None` for memory growth.
-        tuner_class: the tuner's class, which each worker rebuilds.
-        init_args: the positional arguments the tuner was made with.
-        init_kwargs: the keyword arguments the tuner was made with.
-    """
-
-    count: int
-    memory_limit_mb: int | None
-    tuner_class: type
-    init_args: tuple
-    init_kwargs: dict
+    remote: bool = False
+    one_at_a_time: Callable[[dict, tuple, dict], None] = _not_given
+    record_ended: Callable[[dict], None] = _not_given
 
 
 class Executor(Protocol):
@@ -143,15 +141,7 @@ class Executor(Protocol):
 
     A protocol: mypy checks every executor `ParallelTuner._make_executor` returns against
     it, and each class that names it as a base where the class is defined.
-
-    Attributes:
-        workers: `None` when the trials run in this process through `run`; otherwise the
-            `WorkerLaunch` of the worker processes the tuner's chief starts, each of which
-            runs its trials one at a time with KerasTuner's `run_trial` (`run` is not
-            called).
     """
-
-    workers: WorkerLaunch | None
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
         """Trains the feed's trials, with the search's `fit` arguments, until none is left.
@@ -163,10 +153,33 @@ class Executor(Protocol):
         """
 
 
+class AloneFallback(Executor):
+    """`executor`, unless the tuner's code must run every trial: then one at a time.
+
+    KerasTuner's own code must run a trial when the tuner overrides `run_trial` (say); such
+    trials cannot train together, so they run with KerasTuner's loop (`feed.one_at_a_time`).
+
+    Args:
+        executor: the executor that trains trials in this process.
+        alone: `alone()`: why the tuner's trials must run one at a time, or `None`; asked
+            at each `run` (an instance's `run_trial` may be replaced after it is made).
+    """
+
+    def __init__(self, executor: Executor, alone: Callable[[], str | None]) -> None:
+        self.executor = executor
+        self.alone = alone
+
+    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        reason = self.alone()
+        if reason is None:
+            self.executor.run(feed, fit_args, fit_kwargs)
+            return
+        why = f"this tuner runs every trial alone, one at a time, as KerasTuner does: {reason}"
+        feed.one_at_a_time({"path": "alone", "why": why}, fit_args, fit_kwargs)
+
+
 class RoundExecutor(Executor):
     """An executor that trains trials a round at a time: one trial per slot, then the next."""
-
-    workers: WorkerLaunch | None = None
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
         while True:

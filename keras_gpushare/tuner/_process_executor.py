@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ import grpc
 import keras_tuner
 
 from keras_gpushare import _upstream
-from keras_gpushare.tuner._executor import Executor, TrialFeed, WorkerLaunch
+from keras_gpushare.tuner._executor import Executor, TrialFeed
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
@@ -97,34 +96,61 @@ class _SpecPickler(pickle.Pickler):
         return NotImplemented
 
 
-class ProcessExecutor(Executor):
-    """The "processes" executor: K worker processes, each running one trial at a time.
-
-    The tuner's chief (`run_chief`) starts the workers; each rebuilds the tuner from its
-    class and arguments and runs KerasTuner's worker loop, so no trial runs through `run`.
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """The worker processes the chief starts on this machine.
 
     Args:
-        parallel_trials: worker processes to start.
+        count: worker processes to start; `0` for a chief that only serves (its workers
+            run elsewhere).
         memory_limit_mb: each worker's GPU memory cap in MiB, or `None` for memory growth.
-        tuner_class: the tuner's class.
+        tuner_class: the tuner's class, which each worker rebuilds.
         init_args: the positional arguments the tuner was made with.
         init_kwargs: the keyword arguments the tuner was made with.
     """
 
-    def __init__(
-        self,
-        parallel_trials: int,
-        memory_limit_mb: int | None,
-        tuner_class: type,
-        init_args: tuple,
-        init_kwargs: dict,
-    ) -> None:
-        self.workers: WorkerLaunch = WorkerLaunch(
-            parallel_trials, memory_limit_mb, tuner_class, init_args, init_kwargs
-        )
+    count: int
+    memory_limit_mb: int | None
+    tuner_class: type
+    init_args: tuple
+    init_kwargs: dict
+
+
+class ProcessExecutor(Executor):
+    """The "processes" executor: the tuner's chief, and its K worker processes.
+
+    In the tuner's own search, `run` is the chief: it serves the oracle over KerasTuner's
+    gRPC protocol and starts `launch.count` worker processes, restarts those that die,
+    and returns when the search is done, with the `"worker"` path recorded for the trials
+    they ended. Each worker rebuilds the tuner from its class and arguments and runs
+    `search` there, as a worker of the chief (`feed.remote`): `run` then runs its trials
+    one at a time with KerasTuner's `run_trial`, as KerasTuner's worker loop does.
+
+    Args:
+        oracle: the tuner's `ParallelOracle`, which the chief serves.
+        tuner_id: the tuner's id (a worker's names it in its trials' paths).
+        launch: the worker processes the chief starts.
+    """
+
+    def __init__(self, oracle: Any, tuner_id: str, launch: WorkerLaunch) -> None:
+        self.oracle = oracle
+        self.tuner_id = tuner_id
+        self.launch = launch
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
-        raise NotImplementedError(f"{type(self).__name__} runs no trials in this process.")
+        if feed.remote:
+            why = f"worker process {self.tuner_id} ran it alone with KerasTuner's `run_trial`"
+            feed.one_at_a_time({"path": "worker", "why": why}, fit_args, fit_kwargs)
+            return
+        _run_chief(self.oracle, self.launch, fit_args, fit_kwargs)
+        if self.launch.count:
+            why = (
+                'a worker process (executor="processes") ran it alone with KerasTuner\'s '
+                "`run_trial`"
+            )
+        else:
+            why = "a worker of this chief ran it; that worker's `trial_paths()` says how"
+        feed.record_ended({"path": "worker", "why": why})
 
 
 def _spec_bytes(
@@ -317,30 +343,16 @@ def _start_server(oracle: Any, bind: str, threads: int) -> tuple[grpc.Server, in
     return server, port, servicer
 
 
-def run_chief(
-    oracle: Any,
-    launch: WorkerLaunch | None,
-    on_search_begin: Callable[[], None],
-    on_search_end: Callable[[], None],
-    fit_args: tuple,
-    fit_kwargs: dict,
-) -> None:
-    """Serves `oracle` until the search is done, with the executor's local workers, if any.
+def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: dict) -> None:
+    """Serves `oracle` until the search is done, with `launch.count` local workers.
 
-    Args:
-        oracle: the tuner's `ParallelOracle`.
-        launch: the worker processes to start (the executor's `workers`). With `None` (a
-            KerasTuner chief, `KERASTUNER_TUNER_ID=chief`, of an executor that runs trials
-            in its own process), the chief only serves, as KerasTuner's does: its workers
-            run the trials.
-        on_search_begin: the tuner's `on_search_begin`.
-        on_search_end: the tuner's `on_search_end`.
-        fit_args: positional arguments of the search's `fit`.
-        fit_kwargs: keyword arguments of the search's `fit`.
+    With none (KerasTuner's chief, `KERASTUNER_TUNER_ID=chief`, of an executor that runs
+    trials in its own process), the chief only serves, as KerasTuner's does: its workers
+    run the trials.
     """
-    local = launch.count if launch is not None else 0
+    local = launch.count
     spec_path = ""  # none written: no local workers
-    if launch is not None and local:
+    if local:
         spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
         main_path = _check_main(main_names)
         header = WorkerHeader(
@@ -376,7 +388,6 @@ def run_chief(
         command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
         slot.process = subprocess.Popen(command, env=env)
 
-    on_search_begin()
     try:
         if slots and _search_is_over(oracle, slots[0].tuner_id):
             slots = []
@@ -396,7 +407,6 @@ def run_chief(
                     os.remove(path)
     if oracle.fatal_error is not None:
         raise oracle.fatal_error
-    on_search_end()
 
 
 def _search_is_over(oracle: Any, tuner_id: str) -> bool:

@@ -15,7 +15,7 @@ from keras_tuner import errors
 
 from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
-from keras_gpushare.tuner._executor import Executor, TrialCalls, TrialFeed
+from keras_gpushare.tuner._executor import AloneFallback, Executor, TrialCalls, TrialFeed
 from keras_gpushare.tuner.oracle import ParallelOracle
 
 logger = logging.getLogger("keras_gpushare.tuner")
@@ -212,21 +212,33 @@ class ParallelTuner(keras_tuner.Tuner):
             overwrite=overwrite,
             **kwargs,
         )
+        # Models `_declare` built for trials, taken by the executor: {id(hp): (hp, models)}.
+        self._built: dict[int, tuple] = {}
         self._executor = self._make_executor(executor)
 
     def _make_executor(self, executor: str) -> Executor:
-        """The executor named `executor`: the one place that reads the argument."""
+        """The executor named `executor`: the one place that reads the argument.
+
+        KerasTuner's chief (`KERASTUNER_TUNER_ID=chief`) of an executor that trains trials
+        in its own process only serves the oracle, as KerasTuner's chief does: it is the
+        processes executor's chief with no local worker.
+        """
         from keras_gpushare.tuner._pack_executor import PackExecutor
-        from keras_gpushare.tuner._process_executor import ProcessExecutor
+        from keras_gpushare.tuner._process_executor import ProcessExecutor, WorkerLaunch
         from keras_gpushare.tuner._slot_executor import SlotExecutor
 
         args, kwargs = self._init_call
+
+        def processes(count: int) -> Executor:
+            launch = WorkerLaunch(count, self.memory_limit_mb, type(self), args, kwargs)
+            return ProcessExecutor(self.oracle, self.tuner_id, launch)
+
+        if _upstream.is_chief_oracle() and executor != "processes":
+            return processes(0)
         executors = {
-            "pack": lambda: PackExecutor(self._trial_calls()),
-            "slots": lambda: SlotExecutor(self._trial_calls()),
-            "processes": lambda: ProcessExecutor(
-                self.parallel_trials, self.memory_limit_mb, type(self), args, kwargs
-            ),
+            "pack": lambda: AloneFallback(PackExecutor(self._trial_calls()), self._runs_alone),
+            "slots": lambda: AloneFallback(SlotExecutor(self._trial_calls()), self._runs_alone),
+            "processes": lambda: processes(self.parallel_trials),
         }
         return executors[executor]()
 
@@ -237,7 +249,7 @@ class ParallelTuner(keras_tuner.Tuner):
             objective=self.oracle.objective,
             executions_per_trial=self.executions_per_trial,
             fuse=self.fuse,
-            build_model=self._build_trial_model,
+            build_model=self._take_built_model,
             run_alone=lambda trial, *args, **kwargs: self.run_trial(trial, *args, **kwargs),
             copy_callbacks=lambda callbacks: _upstream.copy_callbacks(self, callbacks),
             configure_tensorboard=lambda callbacks, trial, execution: (
@@ -273,46 +285,32 @@ class ParallelTuner(keras_tuner.Tuner):
             not _upstream.has_chief_oracle() or _upstream.is_chief_oracle()
         ):
             self.oracle.verbose = fit_kwargs["verbose"]
-        if _upstream.is_worker(self):
-            self._search_as_worker(fit_args, fit_kwargs)
-            return
-        # Write the project state before any trial exists, so that a run killed from
-        # here on is always resumed (KerasTuner reloads only when the tuner file exists).
-        self.save()
-        workers = self._executor.workers
-        if workers is not None or _upstream.is_chief_oracle():
+        remote = _upstream.is_worker(self)
+        if remote:
             from keras_gpushare.tuner import _process_executor
 
-            _process_executor.run_chief(
-                self.oracle, workers, self.on_search_begin, self.on_search_end, fit_args, fit_kwargs
-            )
-            self._record_worker_paths(local=workers is not None)
-            return
-        self.on_search_begin()
-        self._search_trials(fit_args, fit_kwargs, remote=False)
-        self.on_search_end()
-
-    def _search_as_worker(self, fit_args: tuple, fit_kwargs: dict) -> None:
-        """A worker of a chief (KerasTuner's distributed tuning, or our processes)."""
-        from keras_gpushare.tuner import _process_executor
-
-        # Trials travel whole (message, hyperparameters in order) to a chief of this package.
-        self.oracle: Any = _process_executor.chief_client(self.oracle)
-        self.on_search_begin()
-        self._search_trials(fit_args, fit_kwargs, remote=True)
-        self.on_search_end()
-
-    def _search_trials(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
-        """Runs trials in this process: through the executor, or one at a time."""
-        if self._executor.workers is None and self._runs_alone() is None:
-            feed = TrialFeed(
-                slots=self.parallel_trials,
-                next_trials=lambda slots, running=False: self._next_trials(slots, remote, running),
-                end_trials=self._end_round,
-            )
-            self._executor.run(feed, fit_args, fit_kwargs)
+            # Trials travel whole (message, hyperparameters in order) to a chief of this package.
+            self.oracle: Any = _process_executor.chief_client(self.oracle)
         else:
-            self._search_one_at_a_time(fit_args, fit_kwargs, remote)
+            # Write the project state before any trial exists, so that a run killed from
+            # here on is always resumed (KerasTuner reloads only when the tuner file exists).
+            self.save()
+        self.on_search_begin()
+        self._executor.run(self._feed(remote), fit_args, fit_kwargs)
+        self.on_search_end()
+
+    def _feed(self, remote: bool) -> TrialFeed:
+        """The executor's trials: from this tuner's oracle, or from a chief if `remote`."""
+        return TrialFeed(
+            slots=self.parallel_trials,
+            next_trials=lambda slots, running=False: self._next_trials(slots, remote, running),
+            end_trials=self._end_round,
+            remote=remote,
+            one_at_a_time=lambda path, fit_args, fit_kwargs: self._search_one_at_a_time(
+                path, fit_args, fit_kwargs, remote
+            ),
+            record_ended=self._record_ended,
+        )
 
     def _runs_alone(self) -> str | None:
         """Why this tuner's trials must run one at a time through KerasTuner's code, if so."""
@@ -340,19 +338,14 @@ class ParallelTuner(keras_tuner.Tuner):
                 'executor="processes" to run them in parallel, or tune the batch size with '
                 'a hyperparameter named "batch_size" instead of overriding `fit`.'
             )
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=4)
             logger.warning(message)
         return reason
 
-    def _search_one_at_a_time(self, fit_args: tuple, fit_kwargs: dict, remote: bool) -> None:
+    def _search_one_at_a_time(
+        self, path: dict[str, str], fit_args: tuple, fit_kwargs: dict, remote: bool
+    ) -> None:
         """KerasTuner's own loop, waiting instead of spinning while the oracle is IDLE."""
-        if self._executor.workers is not None:
-            why = f"worker process {self.tuner_id} ran it alone with KerasTuner's `run_trial`"
-            path = {"path": "worker", "why": why}
-        else:
-            reason = self._runs_alone()
-            why = f"this tuner runs every trial alone, one at a time, as KerasTuner does: {reason}"
-            path = {"path": "alone", "why": why}
         while True:
             self.pre_create_trial()
             trial = self.oracle.create_trial(self.tuner_id)
@@ -401,6 +394,7 @@ class ParallelTuner(keras_tuner.Tuner):
             self.pre_create_trial()
             trial = self.oracle.create_trial(slot)
             if trial.status == TrialStatus.RUNNING:
+                self._declare(trial)
                 trials.append(trial)
             if trial.status != TrialStatus.STOPPED:
                 stopped = False
@@ -451,6 +445,40 @@ class ParallelTuner(keras_tuner.Tuner):
             logger.warning("Trial %s: %s: %s", trial.trial_id, type(e).__name__, e)
 
     # Building ----------------------------------------------------------------------------
+
+    def _declare(self, trial: Trial) -> None:
+        """Builds `trial`'s models now, before the next trial is made, and adds the
+        hyperparameters their building declared (`units_2` of a third layer, say) to the
+        oracle's space.
+
+        KerasTuner's own loop ends a trial (and so updates the space) before it makes the
+        next, so each trial is drawn from a space that knows what the trials before it
+        declared; trials made several at a time are drawn from the same space that way.
+        The executor takes the models built here (`build_model`), in the same order, so
+        nothing is built twice; an error is raised again when it asks.
+        """
+        hp = trial.hyperparameters
+        models: list = []
+        try:
+            for _ in range(self.executions_per_trial):
+                models.append(self._build_trial_model(hp))
+        except Exception as e:
+            models.append(e)
+        self._built[id(hp)] = (hp, models)
+        if getattr(self.oracle, "allow_new_entries", True):
+            self.oracle.update_space(hp)
+
+    def _take_built_model(self, hp: Any) -> keras.Model:
+        """The next model `_declare` built for `hp`, or a new one."""
+        _, models = self._built.get(id(hp), (None, []))
+        if not models:
+            return self._build_trial_model(hp)
+        model = models.pop(0)
+        if not models:
+            del self._built[id(hp)]
+        if isinstance(model, Exception):
+            raise model
+        return model
 
     def _build_trial_model(self, hp: Any) -> keras.Model:
         """`Tuner._try_build` without `clear_session` (the round's other models live on)."""
@@ -589,19 +617,13 @@ class ParallelTuner(keras_tuner.Tuner):
         self._trial_paths[trial_id] = dict(path)
         logger.info("Trial %s: %s", trial_id, _path_line(path))
 
-    def _record_worker_paths(self, local: bool) -> None:
-        """Records `"worker"` for the ended trials the chief's workers ran, and saves."""
-        if local:
-            why = (
-                'a worker process (executor="processes") ran it alone with KerasTuner\'s '
-                "`run_trial`"
-            )
-        else:
-            why = "a worker of this chief ran it; that worker's `trial_paths()` says how"
+    def _record_ended(self, path: dict[str, str]) -> None:
+        """Records `path` for the ended trials without one (another process ran them), and
+        saves."""
         ended = (TrialStatus.COMPLETED, TrialStatus.INVALID, TrialStatus.FAILED)
         for trial_id, trial in self.oracle.trials.items():
             if trial.status in ended and trial_id not in self._trial_paths:
-                self._record_path(trial_id, {"path": "worker", "why": why})
+                self._record_path(trial_id, path)
         self.save()
 
     # State -------------------------------------------------------------------------------

@@ -206,7 +206,7 @@ def _stepped(model):
     return model
 
 
-def _sized(seed, units, activation, rate=5e-3, dropout=0.0):
+def _sized(seed, units, activation, rate=5e-3, dropout=0.0, optimizer=None):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
         [
@@ -217,7 +217,8 @@ def _sized(seed, units, activation, rate=5e-3, dropout=0.0):
             keras.layers.Dense(1),
         ]
     )
-    model.compile(optimizer=keras.optimizers.Adam(rate), loss="mse", metrics=["mae"])
+    optimizer = keras.optimizers.Adam(rate) if optimizer is None else optimizer()
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     return model
 
 
@@ -230,8 +231,8 @@ def _slot_pack():
     return pack, specs, initial
 
 
-def _sized_alone(seed, units, activation, epochs, weights, rate=5e-3):
-    model = _sized(seed, units, activation, rate)
+def _sized_alone(seed, units, activation, epochs, weights, rate=5e-3, optimizer=None):
+    model = _sized(seed, units, activation, rate, optimizer=optimizer)
     model.set_weights(weights)
     x, y = _data()
     history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
@@ -261,6 +262,66 @@ def test_a_slot_pack_takes_models_of_other_widths_and_activations():
     again = _sized(1, 16, "tanh")
     pack.load_member(1, again)
     np.testing.assert_array_equal(pack.member(1).get_weights()[0], again.get_weights()[0])
+
+
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(5e-3),
+    "sgd momentum": lambda: keras.optimizers.SGD(2e-2, momentum=0.9),
+    "adamw": lambda: keras.optimizers.AdamW(4e-3, weight_decay=0.05, beta_2=0.99),
+    "sgd nesterov": lambda: keras.optimizers.SGD(1e-2, momentum=0.8, nesterov=True),
+    "adam other betas": lambda: keras.optimizers.Adam(3e-3, beta_1=0.8, epsilon=1e-5),
+    "adam no decay": lambda: keras.optimizers.AdamW(6e-3, weight_decay=0.0),
+}
+
+
+def test_a_slot_pack_takes_other_optimizer_families_and_hyperparameters():
+    """The vectorized optimizer of a slot pack holds each member's family, hyperparameters
+    and weight decay as data: a slot of an Adam member takes an SGD trial and the other
+    way round, and each trains as it would alone, as do its untouched neighbours."""
+    x, y = _data()
+    specs = [(0, 8, "relu", "adam"), (1, 16, "tanh", "sgd momentum"), (2, 12, "relu", "adamw")]
+    specs.append((3, 8, "tanh", "adam"))
+    members = [_sized(s, u, a, optimizer=OPTIMIZERS[o]) for s, u, a, o in specs]
+    initial = [m.get_weights() for m in members]
+    pack = kg.ModelPack(members, _slot_values=True)
+    pack.compile()
+    pack.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    loads = {0: (7, 10, "relu", "sgd nesterov"), 1: (8, 12, "tanh", "adam other betas")}
+    loads[2] = (9, 16, "relu", "adam no decay")
+    starts = {}
+    for index, (seed, units, activation, name) in loads.items():
+        newcomer = _sized(seed, units, activation, optimizer=OPTIMIZERS[name])
+        starts[index] = newcomer.get_weights()
+        pack.load_member(index, newcomer)
+    history = pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+
+    for index, (seed, units, activation, name) in loads.items():
+        reference, logs = _sized_alone(
+            seed, units, activation, 2, starts[index], optimizer=OPTIMIZERS[name]
+        )
+        _assert_same(pack.member(index), reference)
+        np.testing.assert_allclose(history[f"m{index}_loss"], logs["loss"], rtol=1e-5)
+    seed, units, activation, name = specs[3]
+    neighbour, _ = _sized_alone(seed, units, activation, 3, initial[3], optimizer=OPTIMIZERS[name])
+    _assert_same(pack.member(3), neighbour)
+
+
+@pytest.mark.parametrize(
+    "optimizer, words",
+    [
+        (lambda: keras.optimizers.RMSprop(1e-3), "not one this program was compiled with"),
+        (lambda: keras.optimizers.Adam(1e-3, amsgrad=True), "velocity_hat"),
+        (lambda: keras.optimizers.AdamW(1e-3, weight_decay=0.1), "without weight decay"),
+        (lambda: keras.optimizers.Adam(1e-3, clipnorm=1.0), "clip"),
+    ],
+    ids=["other family", "other slots", "weight decay", "clipping"],
+)
+def test_a_slot_pack_refuses_an_optimizer_its_step_does_not_hold(optimizer, words):
+    members = [_sized(0, 8, "relu"), _sized(1, 8, "relu", optimizer=OPTIMIZERS["sgd momentum"])]
+    pack = kg.ModelPack(members, _slot_values=True)
+    pack.compile()
+    with pytest.raises(ValueError, match=words):
+        pack.load_member(1, _sized(7, 8, "relu", optimizer=optimizer))
 
 
 @pytest.mark.parametrize(

@@ -45,12 +45,12 @@ def build(hp, depth=1) -> keras.Model:
     return model
 
 
-def _search(tmp_path, kind, max_trials=9, hypermodel=build, fit=FIT):
+def _search(tmp_path, kind, max_trials=9, hypermodel=build, fit=FIT, seed=5):
     kwargs = dict(
         hypermodel=hypermodel,
         objective="val_loss",
         max_trials=max_trials,
-        seed=5,
+        seed=seed,
         directory=str(tmp_path),
         project_name=kind,
     )
@@ -72,6 +72,37 @@ def test_streamed_trials_match_keras_tuner_and_refill_slots(tmp_path):
     assert loaded, paths
     # Nine trials through three slots: most of them refill a slot of a program already built.
     assert len({p["program"] for p in paths.values()}) < len(paths) // 2
+
+
+def _families(hp) -> keras.Model:
+    """The optimizer's family and hyperparameters chosen per trial: data of a slot too.
+
+    Every hyperparameter is declared in every build: one first declared by a build is
+    unknown to the trials made at the same time (as with KerasTuner's own workers)."""
+    model = build(hp)
+    lr = hp.get("lr")
+    beta_1, momentum = hp.Float("beta_1", 0.8, 0.95), hp.Float("momentum", 0.5, 0.9)
+    if hp.Choice("optimizer", ["adam", "sgd"]) == "adam":
+        optimizer = keras.optimizers.Adam(lr, beta_1=beta_1)
+    else:
+        optimizer = keras.optimizers.SGD(lr, momentum=momentum)
+    model.compile(optimizer, "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_trials_of_other_optimizer_families_share_the_slots(tmp_path):
+    reference = _search(tmp_path, "kt", hypermodel=_families, seed=2)
+    tuner = _search(tmp_path, "slots", hypermodel=_families, seed=2)
+    assert_same_trials(reference, tuner)
+    paths = tuner.trial_paths()
+    # One program for the search (its first trials held both families), and a slot that
+    # held a trial of one family took a trial of the other.
+    assert {p["program"] for p in paths.values()} == {"0"}, paths
+    family = {i: t.hyperparameters.get("optimizer") for i, t in tuner.oracle.trials.items()}
+    by_slot: dict = {}
+    for trial_id in sorted(paths, key=int):
+        by_slot.setdefault(paths[trial_id]["slot"], []).append(family[trial_id])
+    assert any(a != b for held in by_slot.values() for a, b in zip(held, held[1:])), by_slot
 
 
 def _deeper(hp) -> keras.Model:

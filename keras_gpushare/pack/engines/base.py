@@ -147,11 +147,16 @@ class Engine:
         from (loaded by values into a fused slot)."""
         return []
 
-    def load_problem(self, j: int, model: keras.Model) -> str | None:
+    def load_problem(self, j: int, model: keras.Model, optimizer: Any) -> str | None:
         """Why `model` cannot be loaded into member j (`load_member`), or `None`.
 
         It can when it matches the member but for its values: the same layers and
         settings, loss and metrics, and optimizer but for its learning rate.
+
+        Args:
+            j: the member's position in this group.
+            model: the model to load.
+            optimizer: the pack's optimizer.
         """
         member = self.occupant(j)
         return (

@@ -367,17 +367,22 @@ class FusedEngine(GradientEngine):
     def loaded_by_values(self) -> list[int]:
         return [i for i, v, m in zip(self.member_ids, self.views, self.members) if v is not m]
 
-    def load_problem(self, j: int, model: keras.Model) -> str | None:
+    def load_problem(self, j: int, model: keras.Model, optimizer: Any) -> str | None:
         """As for every engine, unless the fused layers hold their settings as data: then
         `model` may also differ from the member in what the slot holds (widths up to the
-        fused layers', activations among theirs, dropout rates)."""
+        fused layers', activations among theirs, dropout rates), and, when the vectorized
+        optimizer holds them too, in its optimizer's family and hyperparameters."""
         why = self._by_values(model)[1]
         if why is not None:
-            exact = super().load_problem(j, model)
+            exact = super().load_problem(j, model, optimizer)
             return exact if exact is None or not self.fused.holds_slots else why
-        return _slots.compile_difference(self.members[j], model) or _slots.optimizer_difference(
-            self.members[j].optimizer, model.optimizer
-        )
+        if optimizer.slot_values:
+            optimizer_problem = optimizer.load_problem(self.member_ids[j], model.optimizer)
+        else:
+            optimizer_problem = _slots.optimizer_difference(
+                self.members[j].optimizer, model.optimizer
+            )
+        return _slots.compile_difference(self.members[j], model) or optimizer_problem
 
     def _by_values(self, model: keras.Model) -> tuple[list, str | None]:
         """`model`'s layers paired with the fused ones when it loads by values, or why not

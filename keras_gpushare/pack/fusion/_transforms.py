@@ -6,9 +6,11 @@ for every member at once with that member's own settings, and takes and returns 
 explicitly, as optax's do: the gradient transforms (`unscale`, `apply_if_finite`,
 `multi_steps`, `clip`) map a `GradientStep` to the next and `chain` composes them;
 `MemberHyperparameters` holds the members' learning rates and hyperparameters as per-member
-tensors (optax's `inject_hyperparams`), `advance_rule_states`, `decay` and `apply_rule` make
-the update itself, `keep_unchanged` keeps the old values of members that take no step, and
-`dynamic_loss_scale` updates the members' mixed-precision loss scales.
+tensors (optax's `inject_hyperparams`; in a slot program, `SlotHyperparameters`: read from
+variables, with the optimizer family itself a per-member choice), `advance_rule_states`,
+`decay` and `apply_rule` make the update itself, `keep_unchanged` keeps the old values of
+members that take no step, and `dynamic_loss_scale` updates the members' mixed-precision loss
+scales.
 """
 
 from __future__ import annotations
@@ -277,6 +279,30 @@ def dynamic_loss_scale(
     return ops.where(trained, new_scale, scale), ops.where(trained, new_counter, counter)
 
 
+@dataclasses.dataclass(frozen=True)
+class SlotHyperparameters:
+    """A slot program's optimizer choices, read from variables at each step.
+
+    In a program whose slots take other trials (`load_member`), a member's optimizer family
+    and every float hyperparameter are data: each family of the program has a run over the
+    whole group (its rule computed for every member, `families` selecting whose result is
+    kept), and its hyperparameters are `(k,)` tensors read from the optimizer's variables.
+
+    Attributes:
+        run_hypers: each run's hyperparameters as Python values (a stand-in for members of
+            other families), to name its slots and state.
+        hypers: each run's `{name: (k,) tensor}`.
+        families: each run's `(k,)` bool tensor, the members of its family.
+        weight_decay: `(k,)` decoupled weight decays (0 where none), or `None` when the
+            program applies none.
+    """
+
+    run_hypers: list
+    hypers: list
+    families: list
+    weight_decay: Any
+
+
 class MemberHyperparameters:
     """A group's learning rates, hyperparameters and step counts as per-member tensors.
 
@@ -292,6 +318,8 @@ class MemberHyperparameters:
         steps: `(k,)` float step counts, from 1. Defaults to none (required).
         weight_decays: each member's weight decay, `None` where it has none. Defaults to
             none (required).
+        data: a slot program's choices as data (`SlotHyperparameters`), whose runs each
+            cover the group. Defaults to `None` (constants).
     """
 
     def __init__(
@@ -301,12 +329,14 @@ class MemberHyperparameters:
         rates: Any,
         steps: Any,
         weight_decays: Sequence[float | None],
+        data: SlotHyperparameters | None = None,
     ) -> None:
         self.runs = list(group_runs)
         self.hypers = list(hypers)
         self.rates = rates
         self.steps = steps
         self.weight_decays = list(weight_decays)
+        self.data = data
         self.k = len(self.hypers)
         self._cache: dict = {}
 
@@ -323,8 +353,21 @@ class MemberHyperparameters:
 
     def run_hypers(self, r: int) -> list[dict]:
         """The hyperparameters of run `r`'s members."""
+        if self.data is not None:
+            return self.data.run_hypers[r]
         _, a, b = self.runs[r]
         return self.hypers[a:b]
+
+    @property
+    def decays(self) -> bool:
+        """Whether the step applies weight decay."""
+        if self.data is not None:
+            return self.data.weight_decay is not None
+        return any(w is not None for w in self.weight_decays)
+
+    def family(self, r: int, rank: int) -> Any:
+        """Run `r`'s members (a slot program's), `(k, 1, ...)` bool."""
+        return self.once(self._family, r, rank)
 
     def learning_rate(self, rank: int, dtype: Any) -> Any:
         """The rates, `(k, 1, ...)`."""
@@ -341,13 +384,22 @@ class MemberHyperparameters:
     def _learning_rate(self, rank, dtype):
         return member_axis(self.rates, rank, dtype)
 
+    def _family(self, r, rank):
+        return member_axis(self.data.families[r], rank)
+
     def _weight_decay(self, rank, dtype):
+        if self.data is not None:
+            return member_axis(self.data.weight_decay, rank, dtype)
         return per_member([w or 0.0 for w in self.weight_decays], rank, dtype)
 
     def _for_run(self, r, rank, dtype):
         rule, a, b = self.runs[r]
-        h = self.run_hypers(r)
-        hyper = {name: per_member([x[name] for x in h], rank, dtype) for name in h[0]}
+        if self.data is not None:
+            values = self.data.hypers[r].items()
+            hyper = {name: member_axis(value, rank, dtype) for name, value in values}
+        else:
+            h = self.run_hypers(r)
+            hyper = {name: per_member([x[name] for x in h], rank, dtype) for name in h[0]}
         lr = self.part(self.learning_rate(rank, dtype), a, b)
         step = member_axis(self.part(self.steps, a, b), rank, dtype)
         return {"hyper": {**hyper, **rule.step_terms(hyper, lr, step)}, "lr": lr, "step": step}
@@ -378,22 +430,28 @@ def advance_rule_states(
         if not names:
             run_states.append({})
             continue
-        hyper_1d = {
-            name: ops.convert_to_tensor(np.asarray([x[name] for x in h], "float32"))
-            for name in h[0]
-        }
+        if hyper.data is not None:
+            hyper_1d = hyper.data.hypers[r]
+        else:
+            hyper_1d = {
+                name: ops.convert_to_tensor(np.asarray([x[name] for x in h], "float32"))
+                for name in h[0]
+            }
         current = {name: ops.take(states[name], take[a:b], axis=0) for name in names}
         state = rule.advance(current, hyper_1d, hyper.part(hyper.steps, a, b))
         run_states.append(state)
         for name, value in state.items():
             previous = advanced.get(name, whole(states[name]))
-            advanced[name] = ops.concatenate([previous[:a], value, previous[b:]], axis=0)
+            if hyper.data is not None:
+                advanced[name] = ops.where(hyper.data.families[r], value, previous)
+            else:
+                advanced[name] = ops.concatenate([previous[:a], value, previous[b:]], axis=0)
     return run_states, advanced
 
 
 def decay(value: Any, hyper: MemberHyperparameters) -> Any:
     """Decoupled weight decay of a stacked `value`, each member at its own rate and decay."""
-    if all(w is None for w in hyper.weight_decays):
+    if not hyper.decays:
         return value
     rank, dtype = len(value.shape), value.dtype
     return value - value * hyper.weight_decay(rank, dtype) * hyper.learning_rate(rank, dtype)
@@ -417,15 +475,23 @@ def apply_rule(
         run_states: each run's per-member state (`advance_rule_states`). Defaults to none
             (required).
 
+    In a slot program (`hyper.data`) every run covers the group: each member keeps its own
+    family's new value (the other runs' slots of a member are not read, and start afresh
+    when a trial of their family is loaded).
+
     Returns:
         `(new value, [{slot name: new value}] per run)`.
     """
     rank, dtype = len(value.shape), value.dtype
     pieces, new_slots = [], []
-    for r, (g, v) in enumerate(zip(run_parts(gradient, hyper.runs), run_parts(value, hyper.runs))):
+    if hyper.data is not None:
+        parts = [(gradient, value)] * len(hyper.runs)
+    else:
+        parts = list(zip(run_parts(gradient, hyper.runs), run_parts(value, hyper.runs)))
+    for r, (g, v) in enumerate(parts):
         rule = hyper.runs[r][0]
         run = hyper.for_run(r, rank, dtype)
-        names = list(rule.slots(hyper.run_hypers(r)))
+        names = [name for run_index, name in slots if run_index == r]
         state = {name: member_axis(s, rank, dtype) for name, s in run_states[r].items()}
         new_value, run_slots = rule.update(
             g,
@@ -438,7 +504,14 @@ def apply_rule(
         )
         pieces.append(new_value)
         new_slots.append({name: run_slots[name] for name in names})
-    return (pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)), new_slots
+    if len(pieces) == 1:
+        return pieces[0], new_slots
+    if hyper.data is None:
+        return ops.concatenate(pieces, axis=0), new_slots
+    new = pieces[0]
+    for r in range(1, len(pieces)):
+        new = ops.where(hyper.family(r, rank), pieces[r], new)
+    return new, new_slots
 
 
 def keep_unchanged(kept: Sequence[tuple], updated: Any) -> list[tuple[Any, Any]]:

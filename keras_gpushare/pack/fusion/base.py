@@ -57,6 +57,17 @@ def host_zeros(shape, dtype=None):
     return BACKEND.host_to_device(zeros)
 
 
+def host_constant(values):
+    """An initializer of per-member `values` (a sequence, one per row), made as `host_zeros`
+    is: no backend compiles a program for it."""
+
+    def initializer(shape, dtype=None):
+        dtype = np.dtype(keras.backend.standardize_dtype(dtype or "float32"))
+        return BACKEND.host_to_device(np.reshape(np.asarray(values, dtype=dtype), shape))
+
+    return initializer
+
+
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class FusedLayer(keras.layers.Layer):
     """Base class of a layer that computes N members' copies of one layer at once.

@@ -10,14 +10,14 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.fusion import _optimizer_state, _transforms
+from keras_gpushare.pack.fusion import _optimizer_families, _optimizer_state, _transforms
 from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
     inner_optimizer,
     member_settings,
     outside_groups,
 )
-from keras_gpushare.pack.fusion.base import host_zeros
+from keras_gpushare.pack.fusion.base import host_constant, host_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             finite; `False` applies the step as Keras does (a member with a
             `LossScaleOptimizer` still skips it, as that optimizer does). Defaults to
             `True`.
+        slot_values: hold each member's optimizer family, float hyperparameters and weight
+            decay as data, so that `load_member` takes an optimizer of any family the
+            members were built with (each family's rule is computed for every member of a
+            group that holds it). Defaults to `False`.
         name: Name of the optimizer. Defaults to `"vectorized_optimizer"`.
 
     Example:
@@ -108,6 +112,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         optimizers: Sequence[keras.optimizers.Optimizer],
         groups=None,
         skip_nonfinite=True,
+        slot_values=False,
         name=None,
         **kwargs,
     ):
@@ -128,8 +133,21 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or "vectorized_optimizer", **kwargs)
         self.n_members = n
         self.skip_nonfinite = bool(skip_nonfinite)
+        self.slot_values = bool(slot_values)
         self._settings = settings
         self._groups = groups
+        # A slot program's constants, fixed by the members it is built with.
+        self._families = [_optimizer_families.families(settings, ids) for ids in groups]
+        self._stand_ins = _optimizer_families.stand_ins(settings)
+        self._slot_names = [
+            {
+                rule: set(rule.slots(_optimizer_families.run_hypers(settings, ids, rule, hyper)))
+                for rule, hyper in self._stand_ins.items()
+                if rule in rules
+            }
+            for ids, rules in zip(groups, self._families)
+        ]
+        self._decays = any(s.weight_decay is not None for s in settings)
         self._names = [inner_optimizer(o).name for o in optimizers]
         # Members outside the groups keep their own optimizers (held, not tracked: they
         # are the members', saved with them).
@@ -216,20 +234,50 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     def load_member(self, index, optimizer):
         """Gives member `index` the learning rate of `optimizer` and a fresh state.
 
-        `optimizer` must be of the member's family with the same hyperparameters but for
-        its learning rate (the caller checks it): those are constants of the compiled step.
+        Without `slot_values`, `optimizer` must be of the member's family with the same
+        hyperparameters but for its learning rate; with them, of one of the families the
+        members were built with, its hyperparameters and weight decay its own (the caller
+        checks `load_problem`). The rest are constants of the compiled step.
 
         Args:
             index: the member. Defaults to none (required).
-            optimizer: the Keras optimizer whose fixed learning rate the member takes.
-                Defaults to none (required).
+            optimizer: the Keras optimizer whose settings the member takes. Defaults to
+                none (required).
         """
         settings = member_settings(index, optimizer)
+        held = ("learning_rate", "rule", "hyper", "weight_decay") if self.slot_values else ()
         self._settings[index] = dataclasses.replace(
-            self._settings[index], learning_rate=settings.learning_rate
+            self._settings[index],
+            learning_rate=settings.learning_rate,
+            **{name: getattr(settings, name) for name in held[1:]},
         )
         self._member_configs[index] = keras.optimizers.serialize(optimizer)
+        self._names[index] = inner_optimizer(optimizer).name
+        if self.slot_values and self.built:
+            self._write_slot_values(index)
         self.reset_member(index)
+
+    def load_problem(self, index, optimizer):
+        """Why member `index` cannot take `optimizer` in place (`load_member`), or `None`.
+
+        Only with `slot_values`: without them the caller compares the optimizers.
+
+        Args:
+            index: the member. Defaults to none (required).
+            optimizer: a Keras optimizer. Defaults to none (required).
+        """
+        try:
+            settings = member_settings(index, optimizer)
+        except ValueError as e:
+            return str(e)
+        group = next(g for g, ids in enumerate(self._groups) if index in ids)
+        return _optimizer_families.load_problem(
+            self._settings[index],
+            settings,
+            self._families[group],
+            self._slot_names[group],
+            self._decays,
+        )
 
     def reset_member(self, index):
         """Puts member `index`'s optimizer state back to a new optimizer's.
@@ -257,10 +305,9 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 continue
             position = ids.index(index)
             for (r, name), slot in by_run.items():
-                rule, start, end = self._group_runs[group][r]
+                _, start, end = self._group_runs[group][r]
                 if start <= position < end:
-                    hypers = [self._settings[i].hyper for i in ids[start:end]]
-                    initial = rule.slots(hypers)[name][position - start]
+                    initial = self._initial_slot(group, r, name)[position - start]
                     _set_row(slot, position - start, initial)
             if self._accumulators is not None:
                 _set_row(self._accumulators[k], position, 0.0)
@@ -315,21 +362,25 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return
         super().build(variables)
         self._group_of = [self._variable_groups.get(id(v), 0) for v in variables]
-        self._group_runs = [
-            _transforms.runs([self._settings[i].rule for i in ids]) for ids in self._groups
-        ]
+        if self.slot_values:
+            self._group_runs = [
+                [(rule, 0, len(ids)) for rule in rules]
+                for ids, rules in zip(self._groups, self._families)
+            ]
+        else:
+            self._group_runs = [
+                _transforms.runs([self._settings[i].rule for i in ids]) for ids in self._groups
+            ]
         self._slots = {k: {} for k in range(len(variables))}
-        rules = []
-        for settings in self._settings:
-            if settings.rule is not None and settings.rule not in rules:
-                rules.append(settings.rule)
+        rules = _optimizer_families.families(self._settings, range(self.n_members))
+        if self.slot_values:
+            rules = list(self._stand_ins)
         for rule in rules:
             names = {}
-            for runs, ids in zip(self._group_runs, self._groups):
-                for run_rule, a, b in runs:
+            for group, runs in enumerate(self._group_runs):
+                for r, (run_rule, _, _) in enumerate(runs):
                     if run_rule is rule:
-                        hypers = [self._settings[i].hyper for i in ids[a:b]]
-                        names.update(rule.slots(hypers))
+                        names.update(dict.fromkeys(self._run_slot_names(group, r)))
             for name in names:
                 for k, variable in enumerate(variables):
                     self._add_run_slots(rule, name, k, variable)
@@ -344,6 +395,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     initializer=keras.initializers.Constant(np.asarray(values, "float32")),
                     name=name,
                 )
+        self._hyper_values = {}
+        self.member_family = self.member_weight_decay = None
+        if self.slot_values:
+            self._add_slot_variables(rules)
         self._accumulators = None
         if any(s.accumulation for s in self._settings):
             self._accumulators = [
@@ -355,15 +410,68 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 (self.n_members,), initializer="zeros", dtype="int32", name="scale_counter"
             )
 
+    def _run_hypers(self, group, r):
+        """The hyperparameters run `r` of `group` is computed with, member by member."""
+        rule, a, b = self._group_runs[group][r]
+        ids = self._groups[group][a:b]
+        return _optimizer_families.run_hypers(self._settings, ids, rule, self._stand_ins[rule])
+
+    def _run_slot_names(self, group, r):
+        """The slots run `r` of `group` holds: with `slot_values`, those of every member
+        the program was built with."""
+        rule = self._group_runs[group][r][0]
+        if self.slot_values:
+            return sorted(self._slot_names[group][rule])
+        return list(rule.slots(self._run_hypers(group, r)))
+
+    def _initial_slot(self, group, r, name):
+        """Slot `name` of run `r` of `group` as a new optimizer has it, member by member
+        (zeros for a slot only some members' settings need, as Keras's)."""
+        _, a, b = self._group_runs[group][r]
+        hypers = self._run_hypers(group, r)
+        return self._group_runs[group][r][0].slots(hypers).get(name, [0.0] * (b - a))
+
+    def _add_slot_variables(self, rules):
+        """A slot program's per-member family, hyperparameters and weight decay."""
+        n = self.n_members
+        for rule in rules:
+            stand_in = self._stand_ins[rule]
+            family = [s.hyper if s.rule is rule else stand_in for s in self._settings]
+            self._hyper_values[rule] = {
+                key: self.add_variable(
+                    (n,),
+                    initializer=host_constant([h[key] for h in family]),
+                    name=f"{type(rule).__name__.strip('_').lower()}_{key}",
+                )
+                for key in stand_in
+            }
+        codes = [rules.index(s.rule) if s.rule in rules else -1 for s in self._settings]
+        self.member_family = self.add_variable(
+            (n,), initializer=host_constant(codes), dtype="int32", name="member_family"
+        )
+        if self._decays:
+            self.member_weight_decay = self.add_variable(
+                (n,),
+                initializer=host_constant([s.weight_decay or 0.0 for s in self._settings]),
+                name="member_weight_decay",
+            )
+
+    def _write_slot_values(self, index):
+        """Member `index`'s rows of the slot program's variables take its settings."""
+        settings = self._settings[index]
+        rules = list(self._hyper_values)
+        for key, variable in self._hyper_values[settings.rule].items():
+            _set_row(variable, index, settings.hyper[key])
+        _set_row(self.member_family, index, rules.index(settings.rule))
+        if self.member_weight_decay is not None:
+            _set_row(self.member_weight_decay, index, settings.weight_decay or 0.0)
+
     def _add_run_slots(self, rule, name, k, variable):
         group = self._group_of[k]
-        ids = self._groups[group]
         for r, (run_rule, a, b) in enumerate(self._group_runs[group]):
-            if run_rule is not rule:
+            if run_rule is not rule or name not in self._run_slot_names(group, r):
                 continue
-            initial = rule.slots([self._settings[i].hyper for i in ids[a:b]]).get(name)
-            if initial is None:
-                continue
+            initial = self._initial_slot(group, r, name)
             shape = (b - a, *variable.shape[1:])
             values = np.asarray(initial, dtype="float32")
             if shape == tuple(variable.shape) and not np.any(values != 0):
@@ -563,6 +671,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             pick(context.rates),
             pick(context.steps),
             [s.weight_decay for s in settings],
+            self._slot_hyperparameters(group, pick) if self.slot_values else None,
         )
         run_states, advanced = _transforms.advance_rule_states(hyper, context.states, take, pick)
         kept = []
@@ -578,6 +687,22 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             kept.append((variable, new, old, (0, len(ids))))
         updates = [*step.updates, *_transforms.keep_unchanged(kept, step.updated)]
         return updates, step.finite, step.active, step.updated, advanced
+
+    def _slot_hyperparameters(self, group, pick):
+        """A slot program's choices for `group`, read from its variables this step."""
+        rules = list(self._hyper_values)
+        family = pick(ops.convert_to_tensor(self.member_family))
+        runs = self._group_runs[group]
+        decay = self.member_weight_decay
+        return _transforms.SlotHyperparameters(
+            run_hypers=[self._run_hypers(group, r) for r in range(len(runs))],
+            hypers=[
+                {key: pick(ops.convert_to_tensor(v)) for key, v in self._hyper_values[rule].items()}
+                for rule, _, _ in runs
+            ],
+            families=[ops.equal(family, rules.index(rule)) for rule, _, _ in runs],
+            weight_decay=None if decay is None else pick(ops.convert_to_tensor(decay)),
+        )
 
     def _scale_updates(self, finite, scale_grad):
         """The dynamic loss scales' update, as Keras's `LossScaleOptimizer` makes it."""
@@ -616,8 +741,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             members sharing member `j`'s rule, member `j`'s slice at `row` of each.
         """
         group = self._groups.index(tuple(member_ids))
+        rule = self._settings[member_ids[j]].rule
         run, (_, start, _) = next(
-            (r, run) for r, run in enumerate(self._group_runs[group]) if run[1] <= j < run[2]
+            (r, run)
+            for r, run in enumerate(self._group_runs[group])
+            if run[0] is rule and run[1] <= j < run[2]
         )
         slots = {
             (k, name): slot
@@ -669,6 +797,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             "optimizers": self._member_configs,
             "groups": self._groups,
             "skip_nonfinite": self.skip_nonfinite,
+            "slot_values": self.slot_values,
         }
 
     @classmethod

@@ -80,6 +80,18 @@ def build(hp) -> keras.Model:
     return model
 
 
+def build_declaring(hp) -> keras.Model:
+    """`build`, with a second layer whose width is declared only when it is built."""
+    lr = hp.Float("lr", 1e-3, 1e-1, sampling="log")
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((6,))]
+    for i in range(hp.Int("layers", 1, 2)):
+        layers.append(keras.layers.Dense(hp.Choice(f"units_{i}", [2, 4, 8]), activation="relu"))
+    model = keras.Sequential([*layers, keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(keras.optimizers.SGD(lr), "binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
 class CountingBuild:
     """`build`, but each call seeds from a call counter: executions start differently.
 

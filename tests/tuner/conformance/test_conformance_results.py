@@ -14,10 +14,12 @@ import keras_tuner
 import numpy as np
 import pytest
 from kt_twins import (
+    PARALLEL,
     WITH_PROCESSES,
     WITH_PROCESSES_SLOW,
     ByKind,
     assert_same_trials,
+    build_declaring,
     data,
     make,
     masked,
@@ -196,6 +198,26 @@ def test_hyperband_matches(hyperband, k):
         budget = sorted(t.hyperparameters.values["tuner/epochs"] for t in ours.values())
         assert budget == sorted(t.hyperparameters.values["tuner/epochs"] for t in theirs.values())
     assert any("tuner/trial_id" in t.hyperparameters.values for t in ours.values())
+
+
+@pytest.mark.parametrize("k", PARALLEL)
+def test_hyperparameters_a_build_declares_reach_the_next_trials(tmp_path, k):
+    """A hyperparameter first declared by a trial's build (the second layer's width)
+    is drawn for the trials made after that trial, as KerasTuner's loop draws it; the
+    trials of a round are made one by one, each built before the next is made."""
+    runs = _run_all(
+        tmp_path,
+        "declaring",
+        fit=dict(FIT, verbose=0),
+        hypermodel=build_declaring,
+        objective="val_loss",
+        max_trials=6,
+        seed=4,
+    )
+    reference, tuner = runs["kt"][0], runs[k][0]
+    assert_same_trials(reference, tuner)
+    declared = [t for t in tuner.oracle.trials.values() if "units_1" in t.hyperparameters]
+    assert declared
 
 
 @pytest.fixture(scope="module")
