@@ -44,6 +44,7 @@ test: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy keras_gpushare
 	$(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION)
 	KERAS_BACKEND=jax $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) $(JAX_TESTS)
 	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) tests/conformance tests/pack/test_pack_slots.py tests/pack/test_backend_seam.py tests/pack/engines
@@ -74,6 +75,7 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy keras_gpushare
 
 format: $(VENV)/.test
 	$(VENV)/bin/ruff format .

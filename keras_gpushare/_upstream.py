@@ -125,8 +125,15 @@ def model_strategy(model: keras.Model) -> Any:
 
 
 def symbolic_build(model: keras.Model, data_batch: Any) -> None:
-    """Builds a model's compiled loss and metrics from one batch: `_symbolic_build`."""
+    """Builds a model's compiled loss and metrics from one batch: `_symbolic_build`
+    (`model` may be a `super()` of a subclass that overrides it)."""
     model._symbolic_build(data_batch=data_batch)
+
+
+def maybe_symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """What the TensorFlow trainer does before its first step, from one batch:
+    `_maybe_symbolic_build` (`model` may be a `super()` of a subclass that overrides it)."""
+    model._maybe_symbolic_build(iterator=None, data_batch=data_batch)
 
 
 def keep_jax_state(model: keras.Model, state: tuple) -> None:
@@ -432,6 +439,12 @@ def backup_weights_path(callback: keras.callbacks.BackupAndRestore) -> str:
     return callback._weights_path
 
 
+def log_weights(callback: keras.callbacks.TensorBoard, epoch: int) -> None:
+    """Writes the model's weight histograms (and images) for `epoch`: `TensorBoard._log_weights`
+    (`callback` may be a `super()` of a subclass that overrides it)."""
+    callback._log_weights(epoch)
+
+
 def tensorboard_profile_batch(callback: keras.callbacks.TensorBoard) -> int:
     """The first batch a `TensorBoard` callback profiles, 0 when it profiles none:
     `_start_batch`."""
@@ -488,6 +501,12 @@ def kt_load_json(path: str) -> Any:
 def kt_save_json(path: str, obj: Any) -> Any:
     """Writes a JSON file as KerasTuner does: `keras_tuner.src.utils.save_json`."""
     return _kt("utils").save_json(path, obj)
+
+
+def kt_build_hypermodel(tuner: Any, hp: Any) -> keras.Model:
+    """A trial's model, built by the tuner's hypermodel: `Tuner._build_hypermodel` (`tuner`
+    may be a `super()` of a subclass that overrides it)."""
+    return tuner._build_hypermodel(hp)
 
 
 def model_size(model: keras.Model) -> Any:

@@ -148,7 +148,8 @@ def _check_plan_devices(devices: list[str]) -> None:
     from keras_gpushare.placement._graph import available_devices
 
     known = available_devices()
-    missing, needed = [], {}
+    missing: list[str] = []
+    needed: dict[str, int] = {}
     for device in devices:
         try:
             spec = tf.DeviceSpec.from_string(device)

@@ -225,6 +225,31 @@ def test_compiled_loss_and_metrics_after_a_symbolic_build():
     assert _upstream.compile_loss(keras.Sequential()) is None
 
 
+@covers("maybe_symbolic_build")
+@needs_tf
+def test_maybe_symbolic_build_builds_the_compiled_metrics_also_through_super():
+    class Recording(keras.Sequential):
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            self.overridden = True
+            _upstream.maybe_symbolic_build(super(), data_batch)
+
+    import tensorflow as tf
+
+    def compiled():
+        model = Recording([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+        return model
+
+    batch = (np.ones((4, 3), "float32"), np.zeros((4, 2), "float32"))
+    model = compiled()
+    _upstream.maybe_symbolic_build(model, batch)
+    assert model.overridden and not _upstream.compile_metrics(model).built  # Keras defers
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        model = compiled()
+    _upstream.maybe_symbolic_build(model, batch)
+    assert model.overridden and _upstream.compile_metrics(model).built
+
+
 @covers("keep_jax_state")
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="a JAX-backend name")
 def test_keep_jax_state_is_written_back_by_jax_state_sync():
@@ -533,6 +558,16 @@ def test_backup_weights_path_is_inside_the_backup_dir(tmp_path):
     assert os.path.dirname(_upstream.backup_weights_path(backup)) == str(tmp_path)
 
 
+@covers("log_weights")
+@needs_tf
+def test_log_weights_writes_the_weight_histograms(tmp_path):
+    board = keras.callbacks.TensorBoard(str(tmp_path), histogram_freq=1)
+    board.set_model(compiled_sequential())
+    _upstream.log_weights(board, 0)
+    board.on_train_end()
+    assert list((tmp_path / "train").iterdir())  # the event file of the histograms
+
+
 @covers("tensorboard_profile_batch")
 def test_tensorboard_profile_batch_is_zero_without_profiling(tmp_path):
     assert _upstream.tensorboard_profile_batch(keras.callbacks.TensorBoard(str(tmp_path))) == 0
@@ -671,6 +706,14 @@ def test_kt_json(kt, tmp_path):
 def test_kt_model_size(kt):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     assert int(_upstream.model_size(model)) == 8
+
+
+@covers("kt_build_hypermodel")
+def test_kt_build_hypermodel_builds_a_trial_model(kt, tmp_path):
+    tuner = _tiny_tuner(kt, tmp_path)
+    hp = kt.HyperParameters()
+    model = _upstream.kt_build_hypermodel(tuner, hp)
+    assert isinstance(model, keras.Model) and hp.values == {"u": 1}
 
 
 @covers("validate_trial_results")

@@ -65,6 +65,11 @@ def _import_file(path: str, spec_text: str) -> Any:
         )
     name = "_keras_gpushare_builder_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(
+            f"Invalid value for MODULE:BUILD_FN: got {spec_text!r}, but {path} cannot be "
+            "imported as a Python module."
+        )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -104,11 +109,10 @@ def random_data(
             "expected a keras.Model."
         )
     expected = _known_input_shape(model)
-    if expected is not None and len(expected) == len(shape):
-        mismatch = any(e is not None and e != s for e, s in zip(expected, shape))
-    else:
-        mismatch = expected is not None
-    if mismatch:
+    if expected is not None and (
+        len(expected) != len(shape)
+        or any(e is not None and e != s for e, s in zip(expected, shape))
+    ):
         wanted = ",".join("?" if e is None else str(e) for e in expected)
         raise ValueError(
             f"Invalid value for --input-shape: got {','.join(map(str, shape))}, but the model "

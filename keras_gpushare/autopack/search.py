@@ -142,9 +142,14 @@ def find_pack_size(
 class _Measurer(Protocol):
     """What the search needs from a measurer (`PackMeasurer`, or a test's fake)."""
 
-    on_gpu: bool
-    device: str
-    memory_kind: str
+    @property
+    def on_gpu(self) -> bool: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def memory_kind(self) -> str: ...
 
     def open(self) -> None: ...
 
@@ -276,6 +281,7 @@ class _Search:
 
     def _plateau_reason(self) -> str:
         best = self.best
+        assert best is not None, "a stalled size was measured against the best one"
         gains = ", ".join(f"{r.samples_per_s / best.samples_per_s:.2f}x" for r in self.stalled)
         sizes = ", ".join(str(r.members) for r in self.stalled)
         return (
@@ -354,7 +360,7 @@ def _check_builder(build_fn: Any) -> None:
 def _check_data(x: Any, y: Any, batch_size: Any) -> int:
     """Checks the data and the batch size; returns the rows to train on per epoch."""
     batch_size = _check_positive_int(batch_size, "batch_size", "e.g. `batch_size=32`")
-    sizes = set()
+    sizes: set[int] = set()
     for name, data in (("x", x), ("y", y)):
         leaves = [] if data is None else tree.flatten(data)
         if not leaves or any(np.ndim(leaf) == 0 for leaf in leaves):
@@ -400,7 +406,7 @@ def _check_positive_number(value: Any, name: str, hint: str) -> float:
 
 
 def _check_fraction(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
         raise ValueError(
             f"Invalid value for argument `memory_fraction`: got {value!r}. Pass a number in "
             "(0, 1], e.g. `memory_fraction=0.9`."
@@ -409,7 +415,7 @@ def _check_fraction(value: Any) -> float:
 
 
 def _check_min_gain(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
         raise ValueError(
             f"Invalid value for argument `min_gain`: got {value!r}. Pass a number >= 0, e.g. "
             "`min_gain=0.1` to go on while doubling the pack adds at least 10% throughput."

@@ -78,7 +78,7 @@ class LiveTable:
 
     @staticmethod
     def _row(key: int, nvml_index: int | None, figures: dict[str, float]) -> str:
-        cells = []
+        cells: list[str] = []
         for _, _, suffix, width, decimals in _COLUMNS:
             if suffix is None:
                 value: float | None = key if not cells else nvml_index

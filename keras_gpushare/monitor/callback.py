@@ -119,7 +119,8 @@ class UtilizationLogger(keras.callbacks.Callback):
         if self.every == "epoch":
             # Figures at epoch ends only: Keras's own do-nothing batch hook, so that `fit`
             # (a ModelPack's batches per compiled call, too) runs as without the logger.
-            self.on_train_batch_end = types.MethodType(
+            # An instance's own hook (mypy's method-assign): Keras reads the hook it finds.
+            self.on_train_batch_end = types.MethodType(  # type: ignore[method-assign]
                 keras.callbacks.Callback.on_train_batch_end, self
             )
         self.advice: str | None = None
@@ -174,7 +175,7 @@ class UtilizationLogger(keras.callbacks.Callback):
         self._drain()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.every == "epoch" or self._sampler is None:
+        if isinstance(self.every, str) or self._sampler is None:  # "epoch"
             return
         self._batches += 1
         if self._batches % self.every:

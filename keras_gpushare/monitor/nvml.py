@@ -214,7 +214,7 @@ class NvmlReader:
             raise
         keys = list(range(len(selected)))
         if self._ordinals is not None and self._requested is None and selected:
-            keys, selected = self._keep_ordinals(selected)
+            keys, selected = self._keep_ordinals(selected, self._ordinals)
         if not selected:
             if self.unavailable is None:
                 self.unavailable = "no GPU is visible to this process" + (
@@ -336,10 +336,12 @@ class NvmlReader:
             selected.append(match)
         return selected
 
-    def _keep_ordinals(self, shown: list[_Candidate]) -> tuple[list[int], list[_Candidate]]:
+    def _keep_ordinals(
+        self, shown: list[_Candidate], ordinals: dict[int, int]
+    ) -> tuple[list[int], list[_Candidate]]:
         """Applies `cuda_ordinals` to the devices CUDA shows (in CUDA's order)."""
         keys, kept = [], []
-        for ordinal, key in sorted(self._ordinals.items(), key=lambda item: item[1]):
+        for ordinal, key in sorted(ordinals.items(), key=lambda item: item[1]):
             if 0 <= ordinal < len(shown):
                 keys.append(key)
                 kept.append(shown[ordinal])

@@ -178,7 +178,12 @@ class Sampler:
         if owner is not None:
             # The callback sets the events only: it must not hold the sampler, nor join.
             stop, wake = self._stop, self._wake
-            self._owner = weakref.ref(owner, lambda _: (stop.set(), wake.set()))
+
+            def owner_gone(_: object) -> None:
+                stop.set()
+                wake.set()
+
+            self._owner = weakref.ref(owner, owner_gone)
 
     # ------------------------------------------------------------------ training-thread API
 

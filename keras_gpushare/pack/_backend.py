@@ -75,17 +75,12 @@ class BackendPolicy:
     def tensorflow_gpu(self) -> bool:
         """Whether TensorFlow runs the steps and sees a GPU (`False` on other backends,
         where TensorFlow is not imported)."""
-        # Imported here: the `fusion` package imports this module while it loads.
-        from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
-
         return self.name == "tensorflow" and has_tensorflow_gpu()
 
     def fuses_elementwise(self) -> bool:
         """Whether the step being traced fuses element-wise operations into the ones they
         follow: under XLA, on a backend without plain graphs, or on an accelerator.
         TensorFlow's own kernels on a CPU fuse none."""
-        from keras_gpushare.pack.fusion._checks import has_accelerator
-
         return not self.xla_optional or has_accelerator() or _upstream.in_xla_context()
 
     def host_to_device(self, values: np.ndarray) -> Any:
@@ -155,3 +150,19 @@ def policy_for(name: str) -> BackendPolicy:
 
 
 BACKEND = policy_for(keras.backend.backend())
+
+
+def has_accelerator() -> bool:
+    """Whether Keras sees a GPU or another accelerator (`False` when it cannot tell)."""
+    try:
+        devices = keras.distribution.list_devices()
+    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
+        return False
+    return any(not str(device).lower().startswith("cpu") for device in devices)
+
+
+def has_tensorflow_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (call on the TensorFlow backend only)."""
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))

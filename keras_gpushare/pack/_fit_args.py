@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import keras
 from keras import tree
@@ -159,21 +159,31 @@ def _reset_step_functions(model: keras.Model, steps: int) -> None:
     model.train_function = model.test_function = model.predict_function = None
 
 
-class Items:
+_T = TypeVar("_T")
+
+
+class Items(Sequence[_T]):
     """A fixed sequence of objects Keras must not track as the pack's own (members, engines).
 
     Members of a fused group are views of the stacked weights, not the pack's layers; the
     engines are plain objects whose Keras parts the pack tracks itself (`_engine_layers`).
+    Not a list: Keras tracks lists, tuples, dicts and sets, not other sequences.
     """
 
-    def __init__(self, items: Sequence[Any]) -> None:
+    def __init__(self, items: Sequence[_T]) -> None:
         self._items = list(items)
 
-    def __getitem__(self, index: int) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> _T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[_T]: ...
+
+    def __getitem__(self, index: int | slice) -> _T | list[_T]:
         return self._items[index]
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[_T]:
         return iter(self._items)

@@ -208,7 +208,8 @@ class PaybackSwitch(keras.callbacks.Callback):
         self._steps = self.params.get("steps")
         self._epochs = int(self.params.get("epochs") or 1)
         self._per_call = max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
-        self._epoch, self._call, self._epoch_batches = 0, 0, None
+        self._epoch, self._call = 0, 0
+        self._epoch_batches: int | None = None
         self._plain_times: list[float] = []
         self._xla_times: list[float] = []
         self._first: tuple[float, int] | None = None

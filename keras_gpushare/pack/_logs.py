@@ -27,7 +27,7 @@ def pack_logs(groups: Sequence[tuple[Sequence[int], GroupFigures]], n_members: i
         columns = {"loss": ops.unstack(ops.where(ran, losses, nan), num=k)}
         for name, values in figures.shared.items():
             columns[name] = ops.unstack(ops.where(ran, ops.cast(values, "float32"), nan), num=k)
-        ran_each = ops.unstack(ran, num=k) if any(figures.own) else None
+        ran_each = ops.unstack(ran, num=k) if any(figures.own) else []
         for j, i in enumerate(member_ids):
             logs = {f"m{i}_{name}": values[j] for name, values in columns.items()}
             for name, value in figures.own[j].items():

@@ -19,11 +19,12 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.members import is_pack
 
@@ -86,7 +87,7 @@ class MemberView:
         index: the member.
     """
 
-    def __init__(self, pack: keras.Model, index: int) -> None:
+    def __init__(self, pack: PackInternals, index: int) -> None:
         self._pack = pack
         self._index = index
 
@@ -139,7 +140,8 @@ class PerMember(keras.callbacks.Callback):
                 f"keras.callbacks.{type(self.callback).__name__}."
             )
         # Shallow copies: a callback used in an earlier fit still refers to that model.
-        self.copies = [copy.copy(self.callback) for _ in range(len(model._members))]
+        pack: PackInternals = model
+        self.copies = [copy.copy(self.callback) for _ in range(len(pack._members))]
         for i, callback in enumerate(self.copies):
             callback.set_model(MemberView(model, i))
 
@@ -154,7 +156,8 @@ class PerMember(keras.callbacks.Callback):
             callback.on_train_begin(member_logs(logs, i))
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        codes = keras.ops.convert_to_numpy(self.model._status.value)
+        pack: PackInternals = self.model
+        codes = keras.ops.convert_to_numpy(pack._status.value)
         self._running = [int(c) == ACTIVE for c in codes]
         for i, callback in enumerate(self.copies):
             if self._running[i]:
@@ -194,15 +197,21 @@ class _MemberLayers:
         return getattr(self._pack, name)
 
 
-class _MemberWeights:
+if TYPE_CHECKING:
+    from keras.callbacks import TensorBoard as _TensorBoard
+else:
+    _TensorBoard = object
+
+
+class _MemberWeights(_TensorBoard):
     """Mixed into a `TensorBoard` class: weight histograms (and images) of the members."""
 
     def _log_weights(self, epoch: int) -> None:
-        pack = self.model
+        pack: PackInternals = self.model
         members = pack._refreshed_members(optimizer_state=False)
         _upstream.set_callback_model(self, _MemberLayers(pack, members))
         try:
-            super()._log_weights(epoch)
+            _upstream.log_weights(super(), epoch)
         finally:
             _upstream.set_callback_model(self, pack)
 
@@ -236,7 +245,8 @@ def member_weights_tensorboard(
     Returns:
         A `TensorBoard` of `callback`'s class with its weight logging pointed at the members.
     """
-    result = object.__new__(_member_weights_class(type(callback)))
+    cls: type = type(callback)
+    result: keras.callbacks.TensorBoard = object.__new__(_member_weights_class(cls))
     result.__dict__ = callback.__dict__
     return result
 

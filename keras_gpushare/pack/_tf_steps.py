@@ -11,7 +11,8 @@ does them, then each stepping engine's own step, in one traced function.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -19,11 +20,20 @@ import tensorflow as tf
 from keras import tree
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.fusion import VectorizedOptimizer
 
+if TYPE_CHECKING:
+    # Mixed into `ModelPack`, before `keras.Model`: `super()` is Keras's trainer.
+    from keras import Model as _Model
 
-class TensorFlowSteps:
+    from keras_gpushare.pack.engines.base import GradientEngine, SteppingEngine
+else:
+    _Model = object
+
+
+class TensorFlowSteps(_Model):
     """`train_step`, `test_step` and the build before the first step of a `ModelPack` on
     TensorFlow (Keras calls `_maybe_symbolic_build` on TensorFlow only).
 
@@ -32,6 +42,22 @@ class TensorFlowSteps:
     member status variable), `_logs()` (its logs from the engines' figures), `_members`,
     `_distributed()` and `_symbolic_build(iterator, data_batch, members)`.
     """
+
+    if TYPE_CHECKING:
+        _gradient_engines: list[GradientEngine]
+        _stepping_engines: list[SteppingEngine]
+        _members: Sequence[keras.Model]
+        _status: keras.Variable
+
+        def _gradient_variables(self) -> list: ...
+
+        def _logs(self) -> dict: ...
+
+        def _distributed(self) -> bool: ...
+
+        def _symbolic_build(
+            self, iterator: Any = None, data_batch: Any = None, members: Any = None
+        ) -> None: ...
 
     def _maybe_symbolic_build(self, iterator: Any = None, data_batch: Any = None) -> None:
         if self._distributed() and iterator is not None and data_batch is None:
@@ -61,7 +87,7 @@ class TensorFlowSteps:
                 data_batch = _symbolic_batch(_upstream.epoch_iterator_element_spec(iterator))
             self._symbolic_build(iterator=iterator, data_batch=data_batch, members=ready)
             return
-        super()._maybe_symbolic_build(iterator=None, data_batch=data_batch)
+        _upstream.maybe_symbolic_build(super(), data_batch)
 
     def _first_replica_value(self, value: Any) -> Any:
         if isinstance(value, tf.distribute.DistributedValues):
@@ -86,9 +112,9 @@ class TensorFlowSteps:
         else:
             self.optimizer.iterations.assign_add(1)
         status = tf.convert_to_tensor(self._status.value)
-        for engine in self._stepping_engines:
-            ids = list(engine.member_ids)
-            codes = engine.train(data, tf.gather(status, ids))
+        for stepping in self._stepping_engines:
+            ids = list(stepping.member_ids)
+            codes = stepping.train(data, tf.gather(status, ids))
             status = tf.tensor_scatter_nd_update(status, [[i] for i in ids], codes)
         self._status.assign(status)
         return self._logs()
@@ -104,12 +130,12 @@ class TensorFlowSteps:
             self.compute_loss(x, y, raws, sample_weight, training=False)
             for engine, raw in zip(engines, raws):
                 engine.update_metrics(y, raw, sample_weight)
-        for engine in self._stepping_engines:
-            engine.test(data)
+        for stepping in self._stepping_engines:
+            stepping.test(data)
         return self._logs()
 
 
-def count_failed_step(pack: Any) -> None:
+def count_failed_step(pack: PackInternals) -> None:
     """Counts a training call that raised as a step in the `iterations` of each member
     whose own `fit` would have counted it.
 

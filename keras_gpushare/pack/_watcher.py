@@ -9,6 +9,7 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._member_callbacks import metric_direction, named_member
+from keras_gpushare.pack._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN
 
 logger = logging.getLogger("keras_gpushare.pack")
@@ -37,12 +38,13 @@ class StatusWatcher(keras.callbacks.Callback):
                     callback.mode = "auto"
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        status = self.model.status
-        codes = keras.ops.convert_to_numpy(self.model._status.value)
+        pack: PackInternals = self.model
+        status = pack.status
+        codes = keras.ops.convert_to_numpy(pack._status.value)
         for i, (before, now) in enumerate(zip(self._seen, status)):
             if before != now and codes[i] == FROZEN_NAN:
                 message = (
-                    f"ModelPack member {i} ({self.model._members[i].name}) was frozen in epoch "
+                    f"ModelPack member {i} ({pack._members[i].name}) was frozen in epoch "
                     f"{epoch + 1}: its loss or gradients were not finite (labels out of range "
                     "for its loss, a learning rate too high, ...). Its weights are the last "
                     "finite ones; the other members go on. Pass on_nan='ignore' to apply "
@@ -62,7 +64,7 @@ class StatusWatcher(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def _member_monitor_mode(pack: keras.Model, monitor: str) -> str | None:
+def _member_monitor_mode(pack: PackInternals, monitor: str) -> str | None:
     named = named_member(monitor)
     if named is None or named[0] >= len(pack._members):
         return None

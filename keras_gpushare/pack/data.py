@@ -78,7 +78,8 @@ def input_names(member: keras.Model) -> list[str]:
         return []
     if not inputs:
         return []
-    return [getattr(t, "name", None) for t in inputs if getattr(t, "name", None)]
+    names = (getattr(t, "name", None) for t in inputs)
+    return [name for name in names if name]
 
 
 def _takes_dict(member: keras.Model) -> bool:

@@ -52,7 +52,7 @@ _ON_NAN_VALUES = ("freeze", "ignore")
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
-class ModelPack(*_BACKEND_STEPS, keras.Model):
+class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: bases by backend)
     """Trains N Keras models concurrently inside one `model.fit`.
 
     A `ModelPack` is a `keras.Model` whose training step trains every member: each member
@@ -529,7 +529,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         distributed = self._distributed()
         self._auto_steps = steps_per_execution == "auto"
         if self._auto_steps:
-            resolved_steps = 1 if distributed else self._default_steps_per_execution()
+            resolved_steps: int | str = 1 if distributed else self._default_steps_per_execution()
         elif distributed and steps_per_execution != 1:
             raise ValueError(
                 f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
@@ -762,7 +762,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         if self.optimizer is not None and not self.optimizer.built:
             # The variables the step hands the optimizer: not the graph engine's members'.
             self.optimizer.build(self._gradient_variables())
-        super()._symbolic_build(iterator=None, data_batch=data_batch)
+        _upstream.symbolic_build(super(), data_batch)
 
     def _check_labels(self, x: Any, y: Any) -> None:
         """Raises, naming the member, when a member cannot take the inputs or the labels."""
@@ -814,7 +814,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):
         fresh = force or self.train_function is None
         super().make_train_function(force)
         if fresh:
-            self.train_function = _batch_calls.keeping_failed_steps(self, self.train_function)
+            self.train_function: Any = _batch_calls.keeping_failed_steps(self, self.train_function)
         return self.train_function
 
     def train_step(self, *args: Any) -> Any:

@@ -91,8 +91,8 @@ def plan_engines(
         raise ValueError(_shared_error(shared))
     plan = EnginePlan()
     if groups is not None:
-        groups = [tuple(i for i in g if i not in shared) for g in groups]
-        _set_groups(plan, members, [g for g in groups if g])
+        kept = [tuple(i for i in g if i not in shared) for g in groups]
+        _set_groups(plan, members, [g for g in kept if g])
         grouped = {i for g in plan.groups for i in g}
         plan.graph = tuple(i for i in range(n) if i not in grouped)
         plan.reasons.update(shared)
@@ -342,7 +342,9 @@ def _group(
                 exact: dict[Any, list[int]] = {}
                 for position, i in enumerate(ids):
                     exact.setdefault(fusion_signature(members[i]), []).append(position)
-                parts = [[ids[p] for p in part] for part in cost.partition(costs, exact.values())]
+                parts = [
+                    [ids[p] for p in part] for part in cost.partition(costs, list(exact.values()))
+                ]
             else:
                 parts = [ids]
             for part in parts:

@@ -202,7 +202,7 @@ class PlacedModel(keras.Model):
                 f"(then `kg.stage` blocks decide). Received devices={devices!r}, "
                 f"layer_stages={'None' if layer_stages is None else '{...}'}."
             )
-        if devices is None:
+        if devices is None or layer_stages is None:  # both or neither (checked above)
             devices, layer_stages = _stages_from_scopes(self)
         devices = [_graph.canonical_device(d, what="stage device") for d in devices]
         layer_stages = dict(layer_stages)

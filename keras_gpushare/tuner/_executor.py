@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 
@@ -93,6 +93,12 @@ class TrialCalls:
     epoch_end_hook: bool
 
 
+class NextTrials(Protocol):
+    """`next_trials(slots, running=False)`: see `TrialFeed`."""
+
+    def __call__(self, slots: Sequence[int], running: bool = False) -> list: ...
+
+
 def _not_given(*args: Any, **kwargs: Any) -> None:
     raise NotImplementedError("This feed was made without it.")
 
@@ -123,15 +129,19 @@ class TrialFeed:
     """
 
     slots: int
-    next_trials: Callable[[Sequence[int]], list]
+    next_trials: NextTrials
     end_trials: Callable[[list, dict], None]
     remote: bool = False
     one_at_a_time: Callable[[dict, tuple, dict], None] = _not_given
     record_ended: Callable[[dict], None] = _not_given
 
 
-class Executor:
-    """Runs trials and reports their outcomes; built once by `ParallelTuner.__init__`."""
+class Executor(Protocol):
+    """Runs trials and reports their outcomes; built once by `ParallelTuner.__init__`.
+
+    A protocol: mypy checks every executor `ParallelTuner._make_executor` returns against
+    it, and each class that names it as a base where the class is defined.
+    """
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
         """Trains the feed's trials, with the search's `fit` arguments, until none is left.
@@ -141,7 +151,6 @@ class Executor:
             fit_args: positional arguments of the search's `fit`.
             fit_kwargs: keyword arguments of the search's `fit`.
         """
-        raise NotImplementedError
 
 
 class AloneFallback(Executor):

@@ -6,7 +6,7 @@ import gc
 import logging
 import re
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -22,6 +22,9 @@ from keras_gpushare.tuner._trial_callbacks import (
 )
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
 
 trial_module = _upstream.kt_trial_module()
 
@@ -185,7 +188,7 @@ def _pack_path(pack: ModelPack, runs: list[TrialRun], trial_id: str, label: str)
     return path
 
 
-def _prepare(calls: TrialCalls, trial: trial_module.Trial, fit_kwargs: dict) -> list[TrialRun]:
+def _prepare(calls: TrialCalls, trial: Trial, fit_kwargs: dict) -> list[TrialRun]:
     """Builds the trial's models (one per execution) and their callbacks, as KerasTuner."""
     checkpoint = BestCheckpoint(calls.objective, calls.checkpoint_file(trial.trial_id))
     values = trial.hyperparameters.values

@@ -28,7 +28,7 @@ import time
 import types
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import keras_tuner
@@ -37,6 +37,9 @@ from keras_gpushare import _upstream
 from keras_gpushare.tuner._executor import Executor, TrialFeed
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
 
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
@@ -215,14 +218,15 @@ def _check_main(main_names: list[str]) -> str | None:
 # Chief side -------------------------------------------------------------------------------
 
 
-class _ChiefServicer(_upstream.oracle_servicer_class()):
+# mypy cannot check a base made at run time (KerasTuner's gRPC servicer, by `_upstream`).
+class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
     """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE."""
 
     def CreateTrial(self, request: Any, context: Any) -> Any:
         trial = self.next_trial(request.tuner_id)
         return _upstream.kt_protos().get_service().CreateTrialResponse(trial=trial.to_proto())
 
-    def next_trial(self, tuner_id: str) -> trial_module.Trial:
+    def next_trial(self, tuner_id: str) -> Trial:
         trial = self.oracle.wait_for_trial(tuner_id, timeout=_IDLE_WAIT_S)
         if trial.status == TrialStatus.STOPPED:
             self.stop_triggered = True
@@ -279,13 +283,13 @@ class ChiefClient:
             self._whole = False
             return None
 
-    def create_trial(self, tuner_id: str) -> trial_module.Trial:
+    def create_trial(self, tuner_id: str) -> Trial:
         response = self._call(self._create, {"tuner_id": tuner_id})
         if response is None:
             return self.client.create_trial(tuner_id)
         return trial_module.Trial.from_state(json.loads(response))
 
-    def end_trial(self, trial: trial_module.Trial) -> None:
+    def end_trial(self, trial: Trial) -> None:
         if not self.client.should_report:
             return
         if self._call(self._end, trial.get_state()) is None:
@@ -347,7 +351,7 @@ def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: d
     run the trials.
     """
     local = launch.count
-    spec_path = None
+    spec_path = ""  # none written: no local workers
     if local:
         spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
         main_path = _check_main(main_names)
@@ -397,7 +401,7 @@ def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: d
         for slot in slots:
             _stop_process(slot.process)
         server.stop(grace=1.0)
-        if spec_path is not None:
+        if spec_path:
             for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
                 if os.path.exists(path):
                     os.remove(path)

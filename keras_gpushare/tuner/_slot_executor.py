@@ -60,6 +60,11 @@ class _Program:
     def active(self) -> list[int]:
         return [i for i, run in enumerate(self.slots) if run is not None]
 
+    @property
+    def runs(self) -> list[TrialRun]:
+        """The trial executions in the slots, in slot order (each `run.index` its slot)."""
+        return [run for run in self.slots if run is not None]
+
     def free_slot_for(self, model: keras.Model) -> int | None:
         """A free slot `model` loads into, or `None`."""
         for i, occupant in enumerate(self.slots):
@@ -80,16 +85,12 @@ class _SlotEpoch(keras.callbacks.Callback):
         self.optimizer_state = optimizer_state
         self.refill = refill
 
-    def _runs(self) -> list[TrialRun]:
-        """The trial executions in the slots (each `run.index` its slot)."""
-        return [self.program.slots[i] for i in self.program.active]
-
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        for run in self._runs():
+        for run in self.program.runs:
             run.begin_epoch(run.next_epoch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        runs = self._runs()
+        runs = self.program.runs
         optimizer_state = self.optimizer_state or any(run.callbacks for run in runs)
         members = self.program.pack._refreshed_members(optimizer_state=optimizer_state)
         ended = []
@@ -106,11 +107,11 @@ class _SlotEpochWithBatches(_SlotEpoch):
     """`_SlotEpoch` that also forwards train-batch events to each slot's trial."""
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        for run in self._runs():
+        for run in self.program.runs:
             run.begin_batch(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        for run in self._runs():
+        for run in self.program.runs:
             run.end_batch(batch, logs)
 
 
@@ -158,7 +159,7 @@ class SlotExecutor(PackExecutor):
 
     def _ask(self) -> list:
         """A trial for each free slot number the oracle has one for now."""
-        trials = []
+        trials: list = []
         while self._free:
             number = self._free[0]
             busy = bool(self._running() or trials or self._alone)
@@ -298,7 +299,7 @@ class SlotExecutor(PackExecutor):
         ends early when its slots are all free or trials wait for another program."""
         kwargs = dict(self._fit_kwargs)
         kwargs.pop("callbacks", None)
-        runs = [program.slots[i] for i in program.active]
+        runs = program.runs
         epochs = max(run.last_epoch - run.next_epoch for run in runs)
         kwargs.update(epochs=epochs, initial_epoch=0)
         batch_size = _batch_size(runs[0], self._fit_kwargs)
@@ -337,8 +338,8 @@ class SlotExecutor(PackExecutor):
                 type(e).__name__,
                 e,
             )
-            for index in program.active:
-                trial_id = program.slots[index].trial.trial_id
+            for occupant in program.runs:
+                trial_id = occupant.trial.trial_id
                 if trial_id in self._runs_of:
                     for run in self._runs_of.pop(trial_id):
                         run.checkpoint.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
@@ -11,6 +11,11 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack._member_callbacks import member_logs
 from keras_gpushare.tuner import _state
 from keras_gpushare.tuner._executor import TrialCalls
+
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
+
+    from keras_gpushare.pack.model import ModelPack
 
 trial_module = _upstream.kt_trial_module()
 
@@ -87,7 +92,7 @@ class TrialRun:
     def __init__(
         self,
         calls: TrialCalls,
-        trial: trial_module.Trial,
+        trial: Trial,
         execution: int,
         model: keras.Model,
         callbacks: list[keras.callbacks.Callback],
@@ -174,7 +179,7 @@ class PackTrials(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, pack: keras.Model, runs: list[TrialRun], epochs: int, optimizer_state: bool = True
+        self, pack: ModelPack, runs: list[TrialRun], epochs: int, optimizer_state: bool = True
     ) -> None:
         super().__init__()
         self._pack = pack

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras_tuner
 
@@ -15,13 +15,16 @@ from keras_gpushare.tuner import _state
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
+
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
 _ENDED = (TrialStatus.COMPLETED, TrialStatus.FAILED)
 
 # Attributes that live on the wrapper; every other attribute is the wrapped oracle's.
 _OWN_ATTRIBUTES = frozenset(
-    {"oracle", "parallel_trials", "fatal_error", "_lock", "_trial_ended", "_started"}
+    {"oracle", "parallel_trials", "fatal_error", "_lock", "_trial_ended", "_started", "_restarts"}
 )
 
 
@@ -90,6 +93,7 @@ class ParallelOracle(keras_tuner.Oracle):
         object.__setattr__(self, "_lock", lock)
         object.__setattr__(self, "_trial_ended", threading.Condition(lock))
         object.__setattr__(self, "_started", {})
+        object.__setattr__(self, "_restarts", {})
         # KerasTuner writes its state with a plain open/write; a kill mid-write leaves a
         # truncated file that the next run cannot reload. Route the writes through
         # write-to-temporary-and-rename.
@@ -97,12 +101,6 @@ class ParallelOracle(keras_tuner.Oracle):
         _upstream.replace_save_trial(oracle, self._save_trial_state)
 
     # Delegation --------------------------------------------------------------------------
-
-    @property
-    def __class__(self) -> type:
-        # `isinstance(tuner.oracle, HyperbandOracle)` holds as in KerasTuner, where
-        # `tuner.oracle` is the oracle itself; `type()` still says ParallelOracle.
-        return type(object.__getattribute__(self, "oracle"))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(object.__getattribute__(self, "oracle"), name)
@@ -141,7 +139,7 @@ class ParallelOracle(keras_tuner.Oracle):
 
     # Trials ------------------------------------------------------------------------------
 
-    def create_trial(self, tuner_id: str) -> trial_module.Trial:
+    def create_trial(self, tuner_id: str) -> Trial:
         """Returns a trial for `tuner_id`: RUNNING, IDLE (ask again later) or STOPPED.
 
         Args:
@@ -163,7 +161,7 @@ class ParallelOracle(keras_tuner.Oracle):
                 self._started.setdefault(trial.trial_id, time.monotonic())
             return trial
 
-    def wait_for_trial(self, tuner_id: str, timeout: float | None = None) -> trial_module.Trial:
+    def wait_for_trial(self, tuner_id: str, timeout: float | None = None) -> Trial:
         """Like `create_trial`, but while the oracle answers IDLE, waits for a trial to end.
 
         Args:
@@ -186,13 +184,11 @@ class ParallelOracle(keras_tuner.Oracle):
                     return trial
                 self._trial_ended.wait(remaining)
 
-    def update_trial(
-        self, trial_id: str, metrics: dict[str, float], step: int = 0
-    ) -> trial_module.Trial:
+    def update_trial(self, trial_id: str, metrics: dict[str, float], step: int = 0) -> Trial:
         """Records `metrics` of trial `trial_id` at `step` (an epoch)."""
         return self._call(self.oracle.update_trial, trial_id, metrics, step=step)
 
-    def end_trial(self, trial: trial_module.Trial) -> None:
+    def end_trial(self, trial: Trial) -> None:
         """Ends `trial` (COMPLETED, INVALID or FAILED) and logs one line about it.
 
         The trial is taken off the running trials and the state saved even when the
@@ -232,7 +228,7 @@ class ParallelOracle(keras_tuner.Oracle):
             trial = self.oracle.ongoing_trials.get(tuner_id)
             if trial is None:
                 return None
-            restarts = self._restart_counts()
+            restarts = self._restarts
             restarts[trial.trial_id] = restarts.get(trial.trial_id, 0) + 1
             if restarts[trial.trial_id] > max_restarts:
                 trial.status = TrialStatus.FAILED
@@ -254,20 +250,13 @@ class ParallelOracle(keras_tuner.Oracle):
             self.oracle.tuner_ids.discard(tuner_id)
             self._trial_ended.notify_all()
 
-    def _restart_counts(self) -> dict[str, int]:
-        counts = getattr(self.oracle, "_kg_restarts", None)
-        if counts is None:
-            counts = {}
-            self.oracle._kg_restarts = counts
-        return counts
-
     def _forget_ongoing(self, trial_id: str) -> None:
         ongoing = self.oracle.ongoing_trials
         for tuner_id, running in list(ongoing.items()):
             if running.trial_id == trial_id:
                 ongoing.pop(tuner_id)
 
-    def _log_end(self, trial: trial_module.Trial) -> None:
+    def _log_end(self, trial: Trial) -> None:
         started = self._started.pop(trial.trial_id, None)
         elapsed = "" if started is None else f" in {time.monotonic() - started:.1f} s"
         values = {k: v for k, v in trial.hyperparameters.values.items() if k != "tuner/trial_id"}
@@ -286,7 +275,7 @@ class ParallelOracle(keras_tuner.Oracle):
     def populate_space(self, trial_id: str) -> dict:
         return self._call(self.oracle.populate_space, trial_id)
 
-    def score_trial(self, trial: trial_module.Trial) -> None:
+    def score_trial(self, trial: Trial) -> None:
         self._call(self.oracle.score_trial, trial)
 
     def get_space(self) -> Any:
@@ -295,10 +284,10 @@ class ParallelOracle(keras_tuner.Oracle):
     def update_space(self, hyperparameters: Any) -> None:
         self._call(self.oracle.update_space, hyperparameters)
 
-    def get_trial(self, trial_id: str) -> trial_module.Trial:
+    def get_trial(self, trial_id: str) -> Trial:
         return self._call(self.oracle.get_trial, trial_id)
 
-    def get_best_trials(self, num_trials: int = 1) -> list[trial_module.Trial]:
+    def get_best_trials(self, num_trials: int = 1) -> list[Trial]:
         return self._call(self.oracle.get_best_trials, num_trials)
 
     def remaining_trials(self) -> int | None:
@@ -328,10 +317,10 @@ class ParallelOracle(keras_tuner.Oracle):
 
     def _save_state(self) -> None:
         state = self.oracle.get_state()
-        state["kg_restarts"] = dict(self._restart_counts())
+        state["kg_restarts"] = dict(self._restarts)
         _state.write_json(_upstream.oracle_file(self.oracle), state)
 
-    def _save_trial_state(self, trial: trial_module.Trial) -> None:
+    def _save_trial_state(self, trial: Trial) -> None:
         path = os.path.join(_upstream.trial_dir(self.oracle, trial.trial_id), "trial.json")
         _state.write_json(path, trial.get_state())
 
@@ -345,7 +334,7 @@ class ParallelOracle(keras_tuner.Oracle):
         with self._lock:
             self._call(self.oracle.reload)
             state = _upstream.kt_load_json(_upstream.oracle_file(self.oracle))
-            self.oracle._kg_restarts = dict(state.get("kg_restarts", {}))
+            self._restarts = dict(state.get("kg_restarts", {}))
             self._repair()
             self._save_state()
 

@@ -7,7 +7,7 @@ import os
 import time
 import traceback
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import keras_tuner
@@ -19,6 +19,9 @@ from keras_gpushare.tuner._executor import AloneFallback, Executor, TrialCalls, 
 from keras_gpushare.tuner.oracle import ParallelOracle
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+if TYPE_CHECKING:
+    from keras_tuner.engine.trial import Trial
 
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
@@ -130,6 +133,8 @@ class ParallelTuner(keras_tuner.Tuner):
     best_hp = tuner.get_best_hyperparameters()[0]
     ```
     """
+
+    _init_call: tuple[tuple, dict[str, Any]]  # the arguments it was made with (`__new__`)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ParallelTuner:
         tuner = super().__new__(cls)
@@ -285,7 +290,7 @@ class ParallelTuner(keras_tuner.Tuner):
             from keras_gpushare.tuner import _process_executor
 
             # Trials travel whole (message, hyperparameters in order) to a chief of this package.
-            self.oracle = _process_executor.chief_client(self.oracle)
+            self.oracle: Any = _process_executor.chief_client(self.oracle)
         else:
             # Write the project state before any trial exists, so that a run killed from
             # here on is always resumed (KerasTuner reloads only when the tuner file exists).
@@ -415,7 +420,7 @@ class ParallelTuner(keras_tuner.Tuner):
         if error is not None:
             raise error
 
-    def _record_outcome(self, trial: trial_module.Trial, outcome: Any) -> None:
+    def _record_outcome(self, trial: Trial, outcome: Any) -> None:
         if outcome.path is not None:
             self._record_path(trial.trial_id, outcome.path)
         try:
@@ -441,7 +446,7 @@ class ParallelTuner(keras_tuner.Tuner):
 
     # Building ----------------------------------------------------------------------------
 
-    def _declare(self, trial: trial_module.Trial) -> None:
+    def _declare(self, trial: Trial) -> None:
         """Builds `trial`'s models now, before the next trial is made, and adds the
         hyperparameters their building declared (`units_2` of a third layer, say) to the
         oracle's space.
@@ -489,7 +494,7 @@ class ParallelTuner(keras_tuner.Tuner):
         return model
 
     def _build_hypermodel(self, hp: Any) -> keras.Model:
-        model = super()._build_hypermodel(hp)
+        model = _upstream.kt_build_hypermodel(super(), hp)
         # Hyperband: a trial promoted to the next round starts from its parent's weights.
         parent = hp.values.get("tuner/trial_id")
         if parent is not None:
@@ -500,7 +505,7 @@ class ParallelTuner(keras_tuner.Tuner):
             model.load_weights(_upstream.checkpoint_file(self, parent))
         return model
 
-    def run_trial(self, trial: trial_module.Trial, *fit_args: Any, **fit_kwargs: Any) -> Any:
+    def run_trial(self, trial: Trial, *fit_args: Any, **fit_kwargs: Any) -> Any:
         """Runs one trial alone with KerasTuner's `Tuner.run_trial`, honouring Hyperband.
 
         Used for trials that run one at a time (worker processes, `run_trial` or

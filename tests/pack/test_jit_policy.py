@@ -12,6 +12,7 @@ from pack_builders import assert_weights_close, copy_model, mlp
 
 import keras_gpushare as kg
 from keras_gpushare.pack import _jit_policy
+from keras_gpushare.pack._backend import has_tensorflow_gpu
 from keras_gpushare.pack._jit_policy import (
     OFF,
     PAYBACK,
@@ -22,7 +23,6 @@ from keras_gpushare.pack._jit_policy import (
     choose_mode,
     pays_back,
 )
-from keras_gpushare.pack.fusion._checks import has_tensorflow_gpu
 
 TENSORFLOW = keras.backend.backend() == "tensorflow"
 

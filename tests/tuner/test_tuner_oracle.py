@@ -108,3 +108,16 @@ def test_rejects_what_is_not_an_oracle():
     inner = keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=1)
     with pytest.raises(ValueError, match="`parallel_trials`: got 0"):
         kg.tuner.ParallelOracle(inner, parallel_trials=0)
+
+
+def test_the_oracle_says_what_it_is(tmp_path):
+    """A ParallelOracle is a `keras_tuner.Oracle` (KerasTuner's own check, in `BaseTuner`)
+    and nothing more: not an instance of the class it wraps, whose oracle is `.oracle`."""
+    inner = keras_tuner.oracles.HyperbandOracle(objective="loss", max_epochs=4)
+    oracle = kg.tuner.ParallelOracle(inner)
+    assert type(oracle) is oracle.__class__ is kg.tuner.ParallelOracle
+    assert isinstance(oracle, keras_tuner.Oracle)
+    assert not isinstance(oracle, keras_tuner.oracles.HyperbandOracle)
+    assert isinstance(oracle.oracle, keras_tuner.oracles.HyperbandOracle)
+    tuner = keras_tuner.Tuner(oracle=oracle, hypermodel=lambda hp: None, directory=str(tmp_path))
+    assert tuner.oracle is oracle

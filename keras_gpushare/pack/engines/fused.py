@@ -306,7 +306,7 @@ class FusedEngine(GradientEngine):
         left out), so a member's logged loss includes its own penalty, as in plain `fit`,
         whatever strengths the other members use.
         """
-        terms = [[] for _ in self.members]
+        terms: list[list[Any]] = [[] for _ in self.members]
         for variable, parts in self._regularized:
             value = ops.convert_to_tensor(variable)
             for j, index, regularizer in parts:

@@ -82,22 +82,6 @@ class MemberRegularizers(keras.regularizers.Regularizer):
         )
 
 
-def has_accelerator():
-    """Whether Keras sees a GPU or another accelerator (`False` when it cannot tell)."""
-    try:
-        devices = keras.distribution.list_devices()
-    except (AttributeError, NotImplementedError, RuntimeError, ValueError):
-        return False
-    return any(not str(device).lower().startswith("cpu") for device in devices)
-
-
-def has_tensorflow_gpu() -> bool:
-    """Whether TensorFlow sees a GPU (call on the TensorFlow backend only)."""
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
 # Keras activations computed feature by feature: on padded features they leave each
 # member's own features as they are (the padding is masked downstream).
 _ELEMENTWISE_ACTIVATIONS = frozenset(

@@ -9,6 +9,7 @@ optimizer class of one's own.
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import keras
 from keras import ops
@@ -37,9 +38,9 @@ class OptimizerRule:
             TensorFlow, Keras updates an `Embedding` from such slices.
     """
 
-    classes = ()
-    hyperparameters = ()
-    member_state = {}
+    classes: tuple[type, ...] = ()
+    hyperparameters: tuple[str, ...] = ()
+    member_state: dict[str, Callable[[Any], Any]] = {}
     linear_in_gradient = False
 
     def hyper(self, optimizer):
@@ -374,7 +375,7 @@ class _Ftrl(OptimizerRule):
         return new_variable, {"accumulator": new_accum, "linear": linear}
 
 
-_BY_CLASS = {
+_BY_CLASS: dict[type, OptimizerRule] = {
     cls: rule
     for rule in (
         _SGD(),

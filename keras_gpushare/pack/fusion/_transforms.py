@@ -21,12 +21,13 @@ from typing import Any
 
 import keras
 import numpy as np
+import numpy.typing as npt
 from keras import ops
 
 from keras_gpushare.pack._backend import BACKEND
 
 
-def per_member(values: Sequence[Any], rank: int, dtype: Any) -> Any:
+def per_member(values: npt.ArrayLike, rank: int, dtype: Any) -> Any:
     """A constant `(k, 1, ...)` tensor of per-member `values`, to broadcast at `rank`."""
     values = np.asarray(values, dtype="float64").astype(keras.backend.standardize_dtype(dtype))
     return ops.convert_to_tensor(np.reshape(values, (len(values),) + (1,) * (rank - 1)))
@@ -40,7 +41,7 @@ def member_axis(vector: Any, rank: int, dtype: Any = None) -> Any:
 
 def runs(rules: Sequence[Any]) -> list[tuple[Any, int, int]]:
     """`[(rule, start, stop)]`: the maximal stretches of members sharing a rule."""
-    stretches = []
+    stretches: list[tuple[Any, int, int]] = []
     for j, rule in enumerate(rules):
         if stretches and stretches[-1][0] is rule:
             stretches[-1] = (rule, stretches[-1][1], j + 1)
@@ -118,10 +119,10 @@ def apply_if_finite(mask: Any, skip_nonfinite: bool, scaled: Sequence[bool]) -> 
     itself; otherwise the step is applied, as plain Keras applies it. Sets `finite`,
     `active` and `updated`.
     """
-    scaled = np.asarray(scaled, dtype="bool")
+    scaling = np.asarray(scaled, dtype="bool")
 
     def transform(step: GradientStep) -> GradientStep:
-        if skip_nonfinite or scaled.any():
+        if skip_nonfinite or scaling.any():
             finite = None
             for g in step.grads:
                 ok = ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape))))
@@ -129,10 +130,10 @@ def apply_if_finite(mask: Any, skip_nonfinite: bool, scaled: Sequence[bool]) -> 
         else:
             # Every step is applied, so no member is reported as skipping one (`nonfinite`),
             # and the gradients need no pass to check them.
-            finite = ops.ones((len(scaled),), dtype="bool")
+            finite = ops.ones((len(scaling),), dtype="bool")
         applies = finite
-        if not skip_nonfinite and scaled.any():
-            applies = ops.logical_or(finite, ops.convert_to_tensor(~scaled))
+        if not skip_nonfinite and scaling.any():
+            applies = ops.logical_or(finite, ops.convert_to_tensor(~scaling))
         active = ops.logical_and(mask, applies)
         return dataclasses.replace(step, finite=finite, active=active, updated=active)
 
@@ -154,6 +155,7 @@ def multi_steps(
     def transform(step: GradientStep) -> GradientStep:
         if all(p <= 1 for p in periods):
             return step
+        assert accumulators is not None, "a member accumulates: its accumulators are made"
         period = ops.convert_to_tensor(np.asarray(periods, "int32"))
         is_update = ops.equal((iterations + 1) % period, 0)
         updated = ops.logical_and(step.active, is_update)
@@ -420,7 +422,8 @@ def advance_rule_states(
         `(run_states, advanced)`: per run `{name: (m,) tensor}`, and `{name: (k,) tensor}`
         for the group.
     """
-    run_states, advanced = [], {}
+    run_states: list[dict[str, Any]] = []
+    advanced: dict[str, Any] = {}
     for r, (rule, a, b) in enumerate(hyper.runs):
         h = hyper.run_hypers(r)
         names = list(rule.initial_state(h))
@@ -484,7 +487,7 @@ def apply_rule(
     if hyper.data is not None:
         parts = [(gradient, value)] * len(hyper.runs)
     else:
-        parts = zip(run_parts(gradient, hyper.runs), run_parts(value, hyper.runs))
+        parts = list(zip(run_parts(gradient, hyper.runs), run_parts(value, hyper.runs)))
     for r, (g, v) in enumerate(parts):
         rule = hyper.runs[r][0]
         run = hyper.for_run(r, rank, dtype)

@@ -177,15 +177,15 @@ class FusedLayer(keras.layers.Layer):
     ```
     """
 
-    per_member_keys = ()
-    size_keys = ()
-    regularizer_keys = ()
+    per_member_keys: tuple[str, ...] = ()
+    size_keys: tuple[str, ...] = ()
+    regularizer_keys: tuple[str, ...] = ()
     passes_layout = False
     skippable = False
     computes_present_only = False
     handles_masks = False
-    member_state = ()
-    slot_keys = ()
+    member_state: tuple[str, ...] = ()
+    slot_keys: tuple[str, ...] = ()
     xla_pays_on_cpu = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from keras_gpushare.pack._backend import has_accelerator
 from keras_gpushare.pack.fusion import registry
-from keras_gpushare.pack.fusion._checks import has_accelerator
 
 OVERHEAD_FLOPS = {"cpu": 1e7, "gpu": 2e8}
 ASSUMED_BATCH = 32
@@ -96,17 +96,17 @@ class GroupCosts:
 
     def flops(self, members: Sequence[int]) -> tuple[float, float]:
         """`(padded, real)` FLOPs of a step of a group of these members (plan positions)."""
-        members = np.asarray(list(members))
+        group = np.asarray(list(members))
         padded = real = 0.0
         for call in self.calls:
-            ins, outs = call.ins[members], call.outs[members]
+            ins, outs = call.ins[group], call.outs[group]
             scale = 2.0 * self.batch * call.positions * call.kernel
             if call.weighted:
-                computed = call.present[members].sum() if call.present_only else len(members)
+                computed = call.present[group].sum() if call.present_only else len(group)
                 padded += scale * computed * ins.max() * outs.max()
-                real += scale * float(np.sum(ins * outs * call.present[members]))
+                real += scale * float(np.sum(ins * outs * call.present[group]))
             else:
-                padded += self.batch * call.positions * len(members) * outs.max()
+                padded += self.batch * call.positions * len(group) * outs.max()
                 real += self.batch * call.positions * float(np.sum(outs))
         return padded, real
 

@@ -7,13 +7,10 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import has_accelerator
 from keras_gpushare.pack.fusion import _padding
 from keras_gpushare.pack.fusion import layout as layout_lib
-from keras_gpushare.pack.fusion._checks import (
-    has_accelerator,
-    padded_activation_problem,
-    unsupported_options,
-)
+from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion.base import FusedLayer, fold
 from keras_gpushare.pack.fusion.registry import register_fused_layer
@@ -58,9 +55,9 @@ class FusedConv(FusedLayer):
     ```
     """
 
-    size_keys = ("filters",)
-    per_member_keys = ("activation", "use_bias")
-    regularizer_keys = ("kernel_regularizer", "bias_regularizer")
+    size_keys: tuple[str, ...] = ("filters",)
+    per_member_keys: tuple[str, ...] = ("activation", "use_bias")
+    regularizer_keys: tuple[str, ...] = ("kernel_regularizer", "bias_regularizer")
     skippable = True
     xla_pays_on_cpu = False
 

@@ -23,9 +23,9 @@ def full(size: int, n: int) -> np.ndarray:
 
 def prefix(reals: Sequence[int], size: int | None = None) -> np.ndarray:
     """Member `i` owns the first `reals[i]` features of `size` (default: the widest)."""
-    reals = np.asarray([int(r) for r in reals])
-    size = int(reals.max()) if size is None else int(size)
-    return np.arange(size)[None, :] < reals[:, None]
+    lengths = np.asarray([int(r) for r in reals])
+    size = int(lengths.max()) if size is None else int(size)
+    return np.arange(size)[None, :] < lengths[:, None]
 
 
 def product(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:

@@ -113,10 +113,10 @@ class FusedModel(keras.Model):
             for k, fused_variable in enumerate(layer.weights):
                 parts = []
                 for i, member_layer in enumerate(member_layers):
-                    position, index = (None, None)
+                    variable, index = None, None
                     if member_layer is not None:
                         position, index = layer.member_weight_index(k, i)
-                    variable = None if position is None else member_layer.weights[position]
+                        variable = None if position is None else member_layer.weights[position]
                     if variable is not None:
                         _check_part(variable, fused_variable, index, i)
                     parts.append((variable, index))

@@ -153,7 +153,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         # are the members', saved with them).
         self._outside = _Reference({i: o for i, o in enumerate(optimizers) if i not in grouped})
         self._member_configs = [keras.optimizers.serialize(o) for o in optimizers]
-        self._variable_groups = {}
+        self._variable_groups: dict[int, int] = {}
         self._loss_scale_ref = _Reference(None)
         self.member_mask = self.add_variable((n,), initializer="ones", name="member_mask")
         self.nonfinite = self.add_variable((n,), initializer="zeros", name="nonfinite")

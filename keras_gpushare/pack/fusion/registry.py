@@ -8,7 +8,7 @@ from keras_gpushare.pack.fusion.base import FusedLayer
 
 logger = logging.getLogger(__name__)
 
-_FUSED_FORMS = {}
+_FUSED_FORMS: dict[type, type[FusedLayer]] = {}
 
 
 def register_fused_layer(layer_class):

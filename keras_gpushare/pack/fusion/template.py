@@ -43,21 +43,22 @@ def align(graphs: Sequence[Any]) -> tuple[list[TemplateNode] | None, str | None]
     if _same_structure(graphs):
         count = len(graphs[0].nodes)
         return [TemplateNode([g.nodes[k] for g in graphs]) for k in range(count)], None
-    chains = [_chain(g) for g in graphs]
-    if any(chain is None for chain in chains):
+    chains = [chain for chain in map(_chain, graphs) if chain is not None]
+    if len(chains) < len(graphs):
         return None, (
             "the members' layer graphs differ, and only members whose layers form one chain "
             "(Sequential, or Functional without branches) may differ in depth"
         )
     template = [TemplateNode([node]) for node in chains[0]]
     for i, chain in enumerate(chains[1:], start=1):
-        template = _merge(template, chain, i)
-        if template is None:
+        merged = _merge(template, chain, i)
+        if merged is None:
             return None, (
                 f"member {i}'s layers cannot be lined up with the others': only layers that "
                 "keep their input's shape (Dense, Dropout, normalization, activations) may be "
                 "present in some members and not in others"
             )
+        template = merged
     return template, None
 
 
