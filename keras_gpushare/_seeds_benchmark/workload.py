@@ -174,7 +174,7 @@ def run_pack(config: dict[str, Any]) -> dict[str, float]:
     members = [build_mlp(w, seed=i) for i, w in enumerate(config["widths"])]
     pack = kg.ModelPack(members, fuse=config.get("fuse", False))
     pack.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
-    plan = pack._fusion_report
+    plan = pack.engine_plan
     groups = [
         f"{len(group)}" + (f" ({waste:.0%} padding)" if waste else "")
         for group, waste in zip(plan.groups, plan.waste + [0.0] * len(plan.groups))

@@ -3,7 +3,9 @@
 Keras's own loops run a pack's steps; the pack first reads the arguments Keras will read
 (`call_arguments`), checks its members can take the data (`check_inputs`, `check_labels`,
 `check_shardable`), picks the batches per compiled call for the callbacks given
-(`steps_for`) and puts its own progress bar in Keras's place (`with_progress_bar`).
+(`steps_for`), adds its own callbacks around the user's (`fit_callbacks`) and puts its
+own progress bar in Keras's place (`with_progress_bar`). Afterwards it orders `evaluate`'s
+figures (`evaluate_values`) and stacks predictions when asked (`stacked_predictions`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 import keras
+import numpy as np
 from keras import tree
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _batch_calls
+from keras_gpushare.pack import _batch_calls, _chief
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
+from keras_gpushare.pack._member_callbacks import per_member_callbacks
 from keras_gpushare.pack._progress import PackProgbar
+from keras_gpushare.pack._watcher import StatusWatcher
 
 
 def call_arguments(method: str, x: Any, y: Any, args: tuple, kwargs: dict) -> dict:
@@ -127,6 +132,66 @@ def with_progress_bar(n: int, callbacks: Any, verbose: Any) -> Any:
     if not any(isinstance(c, keras.callbacks.ProgbarLogger) for c in callbacks):
         callbacks.append(PackProgbar(n))
     return callbacks
+
+
+def fit_callbacks(model: keras.Model, callbacks: Any, extra: Sequence[Any] = ()) -> list:
+    """The callbacks a pack's `fit` runs: the user's `callbacks` as each member needs them,
+    then the pack's own.
+
+    Keras's per-model callbacks run per member (`per_member_callbacks`), a non-chief
+    worker's `BackupAndRestore` only reads (`_chief`), a `StatusWatcher` reports frozen
+    members and ends `fit` when none trains, and `extra` (the XLA policy's) come last.
+
+    Args:
+        model: the pack.
+        callbacks: the `callbacks` argument of `fit`.
+        extra: more callbacks of the pack's. Defaults to `()`.
+    """
+    result = per_member_callbacks(_chief.chief_callbacks(model, list(callbacks or [])))
+    result.append(StatusWatcher(list(result)))
+    result.extend(extra)
+    return result
+
+
+def fit_step_counts(given: dict) -> list[int | None]:
+    """The step counts a `fit` was given (`steps_per_epoch`, and `validation_steps` when
+    it validates), for `steps_for`.
+
+    Args:
+        given: the `fit` call's arguments (`call_arguments`).
+    """
+    counts = [given["steps_per_epoch"]]
+    if given["validation_data"] is not None or given["validation_split"]:
+        counts.append(given["validation_steps"])
+    return counts
+
+
+def evaluate_values(logs: dict, names: Sequence[str]) -> Any:
+    """`evaluate`'s result without `return_dict`: the figures in the order of `names`
+    (`metrics_names`), then any others; one figure alone is returned as it is.
+
+    Args:
+        logs: the figures, by name.
+        names: the pack's `metrics_names`.
+    """
+    values = [logs[k] for k in names if k in logs] + [v for k, v in logs.items() if k not in names]
+    return values[0] if len(values) == 1 else values
+
+
+def stacked_predictions(outputs: Sequence[Any]) -> np.ndarray:
+    """The members' predictions as one array with a leading member axis.
+
+    Raises:
+        ValueError: the predictions differ in shape or are structures.
+    """
+    shapes = {tuple(np.shape(o)) for o in outputs}
+    if len(shapes) != 1 or isinstance(outputs[0], (list, dict)):
+        raise ValueError(
+            "Invalid value for argument `stack`: members' predictions have different "
+            f"shapes or structures ({sorted(shapes)}), so they cannot be stacked. Call "
+            "`predict` with `stack=False` to get one array per member."
+        )
+    return np.stack(outputs)
 
 
 @contextlib.contextmanager

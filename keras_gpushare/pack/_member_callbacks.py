@@ -25,7 +25,7 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._pack_internals import PackInternals
-from keras_gpushare.pack._status import ACTIVE
+from keras_gpushare.pack._status import ACTIVE, STATUS_NAMES
 from keras_gpushare.pack.members import is_pack
 
 _MEMBER_KEY = re.compile(r"^(?:val_)?m(\d+)_(.+)$")
@@ -102,16 +102,16 @@ class MemberView:
 
     @property
     def optimizer(self) -> Any:
-        return self._pack._learning_rate_handle(self._index)
+        return self._pack.member_optimizer(self._index)
 
     def get_weights(self) -> list:
-        return self._pack._get_member_weights(self._index)
+        return self._pack.get_member_weights(self._index)
 
     def set_weights(self, weights: list) -> None:
-        self._pack._set_member_weights(self._index, weights)
+        self._pack.set_member_weights(self._index, weights)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._pack._members[self._index], name)
+        return getattr(self._pack.member_model(self._index), name)
 
 
 class PerMember(keras.callbacks.Callback):
@@ -140,8 +140,7 @@ class PerMember(keras.callbacks.Callback):
                 f"keras.callbacks.{type(self.callback).__name__}."
             )
         # Shallow copies: a callback used in an earlier fit still refers to that model.
-        pack: PackInternals = model
-        self.copies = [copy.copy(self.callback) for _ in range(len(pack._members))]
+        self.copies = [copy.copy(self.callback) for _ in model.status]
         for i, callback in enumerate(self.copies):
             callback.set_model(MemberView(model, i))
 
@@ -156,9 +155,7 @@ class PerMember(keras.callbacks.Callback):
             callback.on_train_begin(member_logs(logs, i))
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        pack: PackInternals = self.model
-        codes = keras.ops.convert_to_numpy(pack._status.value)
-        self._running = [int(c) == ACTIVE for c in codes]
+        self._running = [status == STATUS_NAMES[ACTIVE] for status in self.model.status]
         for i, callback in enumerate(self.copies):
             if self._running[i]:
                 callback.on_epoch_begin(epoch, member_logs(logs, i))
@@ -207,8 +204,8 @@ class _MemberWeights(_TensorBoard):
     """Mixed into a `TensorBoard` class: weight histograms (and images) of the members."""
 
     def _log_weights(self, epoch: int) -> None:
-        pack: PackInternals = self.model
-        members = pack._refreshed_members(optimizer_state=False)
+        pack = self.model
+        members = pack.refresh_members(optimizer_state=False)
         _upstream.set_callback_model(self, _MemberLayers(pack, members))
         try:
             _upstream.log_weights(super(), epoch)

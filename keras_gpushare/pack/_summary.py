@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from keras_gpushare import _upstream
+from keras_gpushare.pack.engines.base import Engine
 
 
 def member_params(members: Sequence[keras.Model], trainable: bool | None = None) -> int:
@@ -39,6 +40,17 @@ def member_params(members: Sequence[keras.Model], trainable: bool | None = None)
         for variable in weights:
             seen.setdefault(id(variable), variable)
     return int(sum(np.prod(v.shape) for v in seen.values()))
+
+
+def member_places(engines: Sequence[Engine], n_members: int) -> list[str]:
+    """Where each member trains, as `summary` shows it: its engine's description, the
+    engine numbered among the pack's engines of its kind."""
+    places = [""] * n_members
+    for engine in engines:
+        same_kind = [e for e in engines if type(e) is type(engine)]
+        for i in engine.member_ids:
+            places[i] = engine.describe(same_kind.index(engine))
+    return places
 
 
 def _output_shape(member: keras.Model) -> str:

@@ -10,7 +10,7 @@ import keras
 from keras_gpushare import _upstream
 from keras_gpushare.pack._member_callbacks import metric_direction, named_member
 from keras_gpushare.pack._pack_internals import PackInternals
-from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN
+from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN, STATUS_NAMES
 
 logger = logging.getLogger("keras_gpushare.pack")
 
@@ -38,13 +38,11 @@ class StatusWatcher(keras.callbacks.Callback):
                     callback.mode = "auto"
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        pack: PackInternals = self.model
-        status = pack.status
-        codes = keras.ops.convert_to_numpy(pack._status.value)
+        status = self.model.status
         for i, (before, now) in enumerate(zip(self._seen, status)):
-            if before != now and codes[i] == FROZEN_NAN:
+            if before != now and now == STATUS_NAMES[FROZEN_NAN]:
                 message = (
-                    f"ModelPack member {i} ({pack._members[i].name}) was frozen in epoch "
+                    f"ModelPack member {i} ({self.model.member_model(i).name}) was frozen in epoch "
                     f"{epoch + 1}: its loss or gradients were not finite (labels out of range "
                     "for its loss, a learning rate too high, ...). Its weights are the last "
                     "finite ones; the other members go on. Pass on_nan='ignore' to apply "
@@ -53,8 +51,8 @@ class StatusWatcher(keras.callbacks.Callback):
                 logger.warning(message)
                 warnings.warn(message, stacklevel=2)
         self._seen = status
-        if not any(c == ACTIVE for c in codes):
-            if any(c == FROZEN_NAN for c in codes):
+        if STATUS_NAMES[ACTIVE] not in status:
+            if STATUS_NAMES[FROZEN_NAN] in status:
                 logger.warning(
                     "ModelPack: no member is training any more (%s); ending fit.",
                     ", ".join(status),
@@ -66,6 +64,6 @@ class StatusWatcher(keras.callbacks.Callback):
 
 def _member_monitor_mode(pack: PackInternals, monitor: str) -> str | None:
     named = named_member(monitor)
-    if named is None or named[0] >= len(pack._members):
+    if named is None or named[0] >= len(pack.status):
         return None
-    return metric_direction(pack._members[named[0]], named[1])
+    return metric_direction(pack.member_model(named[0]), named[1])

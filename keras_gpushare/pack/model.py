@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import inspect
 import logging
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack import (
     _batch_calls,
+    _building,
     _chief,
     _compile_args,
+    _compile_policy,
     _fit_args,
+    _member_loss,
+    _optimizer_choice,
     _replicas,
-    _slots,
+    _saving,
     planner,
 )
 from keras_gpushare.pack import data as data_lib
@@ -28,13 +30,10 @@ from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._gc_freeze import OldObjectsFrozen
 from keras_gpushare.pack._jit_policy import JitPolicy
 from keras_gpushare.pack._logs import pack_logs
-from keras_gpushare.pack._member_callbacks import per_member_callbacks
-from keras_gpushare.pack._optimizers import MemberOptimizers
-from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN, STATUS_NAMES, STOPPED_EARLY
-from keras_gpushare.pack._summary import member_params, pack_summary
-from keras_gpushare.pack._watcher import StatusWatcher
+from keras_gpushare.pack._member_access import MemberAccess
+from keras_gpushare.pack._status import ACTIVE
+from keras_gpushare.pack._summary import member_params, member_places, pack_summary
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
-from keras_gpushare.pack.fusion import VectorizedOptimizer
 from keras_gpushare.pack.fusion import base as fusion_base
 
 if BACKEND.own_steps:
@@ -52,7 +51,7 @@ _ON_NAN_VALUES = ("freeze", "ignore")
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
-class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: bases by backend)
+class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[misc]  # (mypy: bases by backend)
     """Trains N Keras models concurrently inside one `model.fit`.
 
     A `ModelPack` is a `keras.Model` whose training step trains every member: each member
@@ -195,22 +194,6 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
     # Structure ---------------------------------------------------------------------------
 
     @property
-    def members(self) -> list[keras.Model]:
-        """The member models, holding the pack's current weights.
-
-        Members the graph engine trains are the models themselves; fused members are
-        refreshed from the stacked weights (and optimizer state) each time this is read.
-        """
-        return self._refreshed_members(optimizer_state=True)
-
-    def _refreshed_members(self, optimizer_state: bool) -> list[keras.Model]:
-        """The members holding the current weights, and the optimizer state if asked."""
-        optimizer = getattr(self, "optimizer", None) if optimizer_state else None
-        for engine in self._engines:
-            engine.sync_members(optimizer)
-        return list(self._members)
-
-    @property
     def engine(self) -> str:
         """The engine that trains this pack: `"fused"`, `"graph"` or `"mixed"`."""
         kinds = {engine.kind for engine in self._engines}
@@ -227,12 +210,6 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         engine's (`graph`), why each of those is not fused (`reasons`) and each group's
         padding share (`waste`); `fusion_report` is its text."""
         return self._fusion_report
-
-    @property
-    def status(self) -> list[str]:
-        """Each member's state: `"active"`, `"frozen:nan"`, `"stopped:early"`, `"failed"`."""
-        codes = keras.ops.convert_to_numpy(self._status.value)
-        return [STATUS_NAMES[int(c)] for c in codes]
 
     def count_params(self) -> int:
         """The members' own parameters, as N separate models hold them.
@@ -254,15 +231,10 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         """Prints one row per member: its model, where it trains, output shape, parameters,
         optimizer and status; with `expand_nested=True`, each member's own `summary()` after
         it (given the other arguments, as `keras.Model.summary` takes them)."""
-        places = []
-        for i in range(len(self._members)):
-            engine, _ = self._locate(i)
-            same_kind = [e for e in self._engines if type(e) is type(engine)]
-            places.append(engine.describe(same_kind.index(engine)))
         pack_summary(
             self.name,
             self.members,
-            places,
+            member_places(list(self._engines), len(self._members)),
             self.status,
             stored=member_params([self], trainable=True),
             print_fn=print_fn,
@@ -272,138 +244,6 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
             show_trainable=show_trainable,
             layer_range=layer_range,
         )
-
-    def stop_member(self, index: int) -> None:
-        """Stops training member `index` (its weights stay as they are now)."""
-        self._set_member_status(index, STOPPED_EARLY)
-
-    def load_member(self, index: int, model: keras.Model) -> None:
-        """Loads `model` into member `index`, which then trains as `model` would from now.
-
-        The member takes `model`'s weights and learning rate, a fresh optimizer state (step
-        count, slots, loss scale), zeroed metrics and the status `"active"`; the pack's
-        compiled step is kept, so the next `fit` (or the next epoch, when called from a
-        callback) starts at once. `model` must match the member but for its values: the
-        same layers and settings, loss and metrics, and optimizer but for its learning
-        rate. `model` itself is not trained: read the result with `pack.member(index)`.
-
-        Args:
-            index: the member.
-            model: a built, compiled `keras.Model` whose optimizer has not taken a step.
-
-        Raises:
-            ValueError: `model` differs from the member (the message says where), or its
-                optimizer has state that loading would drop.
-        """
-        problem = self.load_problem(index, model)
-        if problem is not None:
-            raise ValueError(
-                f"Cannot load model `{model.name}` into member {index} of ModelPack "
-                f"{self.name}: {problem}. A loaded model may differ from the member only in "
-                "its values (weights and learning rate); build a new ModelPack for others."
-            )
-        engine, j = self._locate(index)
-        engine.load_member(j, model, self.optimizer)
-        members = list(self._members)
-        members[index] = engine.occupant(j)
-        self._members = _fit_args.Items(members)
-        self._set_member_status(index, ACTIVE)
-
-    def load_problem(self, index: int, model: keras.Model) -> str | None:
-        """Why `load_member(index, model)` would refuse `model`, or `None` when it loads.
-
-        Raises:
-            TypeError: `model` is not a `keras.Model`.
-            ValueError: `index` is not a member, or the pack is not compiled.
-        """
-        self._check_index(index)
-        if not isinstance(model, keras.Model):
-            raise TypeError(
-                f"Invalid value for argument `model`: expected a `keras.Model`, got "
-                f"{type(model).__name__}."
-            )
-        if not self.compiled:
-            raise ValueError(
-                "This ModelPack is not compiled: `load_member` keeps a compiled pack's step. "
-                "Compile the pack first, or pass the model to `ModelPack([...])`."
-            )
-        if not model.built:
-            return "it is not built; call it on data or `build` it"
-        engine, j = self._locate(index)
-        problem = engine.load_problem(j, model, self.optimizer)
-        steps = _slots.steps_taken(model.optimizer)
-        if problem is None and steps:
-            problem = (
-                f"its optimizer has taken {steps} steps, and loading starts the member's "
-                "optimizer afresh; recompile the model, or build a new `ModelPack([...])`, "
-                "which carries an optimizer's state"
-            )
-        return problem
-
-    def reset_member(self, index: int) -> None:
-        """Restarts member `index`'s optimizer and metrics, keeping its weights.
-
-        Its step count, optimizer slots, loss scale and metrics start again as after
-        `compile`, its learning rate is the one it was compiled (or loaded) with, and its
-        status becomes `"active"`.
-
-        Args:
-            index: the member.
-        """
-        self._check_index(index)
-        if not self.compiled:
-            raise ValueError("This ModelPack is not compiled: compile it before `reset_member`.")
-        engine, j = self._locate(index)
-        engine.reset_member(j, self.optimizer)
-        self._set_member_status(index, ACTIVE)
-
-    def _check_index(self, index: int) -> None:
-        if not 0 <= index < len(self._members):
-            raise ValueError(
-                f"Invalid member index {index}: this pack has {len(self._members)} members "
-                f"(0 to {len(self._members) - 1})."
-            )
-
-    def _set_member_status(self, index: int, code: int) -> None:
-        self._check_index(index)
-        codes = keras.ops.convert_to_numpy(self._status.value).copy()
-        codes[index] = code
-        self._status.assign(codes)
-        self._sync_member_mask()
-
-    def _sync_member_mask(self) -> None:
-        """The vectorized optimizer updates exactly the members whose status is active.
-
-        With `on_nan="ignore"` it applies non-finite steps as Keras does, so it can no longer
-        tell a stopped member by its (deliberately non-finite) gradients.
-        """
-        optimizer = getattr(self, "optimizer", None)
-        if isinstance(optimizer, VectorizedOptimizer):
-            codes = keras.ops.convert_to_numpy(self._status.value)
-            optimizer.member_mask.assign((codes == ACTIVE).astype("float32"))
-
-    def member(self, index: int) -> keras.Model:
-        """Returns a standalone copy of member `index`: weights, compile settings, optimizer state.
-
-        The copy shares nothing with the pack and can be saved with `.save("m.keras")`.
-        """
-        self._check_index(index)
-        return members_lib.standalone_copy(self.members[index])
-
-    def _locate(self, index: int) -> tuple[Engine, int]:
-        """The engine training member `index`, and the member's position in it."""
-        for engine in self._engines:
-            if index in engine.member_ids:
-                return engine, engine.member_ids.index(index)
-        raise ValueError(f"Invalid member index {index}.")
-
-    def _get_member_weights(self, index: int) -> list[np.ndarray]:
-        engine, j = self._locate(index)
-        return engine.get_member_weights(j)
-
-    def _set_member_weights(self, index: int, weights: list[np.ndarray]) -> None:
-        engine, j = self._locate(index)
-        engine.set_member_weights(j, weights)
 
     def build(self, input_shape: Any = None) -> None:
         self.built = True
@@ -528,23 +368,13 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
             engine.configure([member_args[i] for i in engine.member_ids])
         distributed = self._distributed()
         self._auto_steps = steps_per_execution == "auto"
-        if self._auto_steps:
-            resolved_steps: int | str = 1 if distributed else self._default_steps_per_execution()
-        elif distributed and steps_per_execution != 1:
-            raise ValueError(
-                f"Invalid value for argument `steps_per_execution`: got {steps_per_execution!r} "
-                "under a tf.distribute strategy. Keras's multi-step loop fails under "
-                "MirroredStrategy (keras-team/keras#19246), so a pack under a strategy runs one "
-                'step per call: pass steps_per_execution=1 or "auto".'
-            )
-        else:
-            resolved_steps = steps_per_execution
-        resolved_jit = jit_compile
-        self._jit_policy = None
-        if jit_compile == "auto" and not self._stepping_engines:
-            supported = not run_eagerly and not distributed and self._members_support_jit()
-            self._jit_policy = JitPolicy.for_pack(supported)
-            resolved_jit = self._jit_policy.initial
+        engines = list(self._engines)
+        resolved_steps = _compile_policy.steps_per_execution(
+            steps_per_execution, distributed, engines
+        )
+        resolved_jit, self._jit_policy = _compile_policy.jit_compile(
+            jit_compile, run_eagerly, distributed, engines
+        )
         super().compile(
             optimizer=pack_optimizer,
             loss=None,
@@ -554,7 +384,9 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
             # Each member scales its own loss (see VectorizedOptimizer.attach_loss_scale).
             auto_scale_loss=False,
         )
-        self._attach_loss_scale()
+        self._loss_scale = _member_loss.attach_loss_scale(
+            self.optimizer, self._loss_scale, self.add_weight, len(self._members)
+        )
         self._sync_member_mask()
         self._member_compile_args = {
             "members": member_args,
@@ -567,86 +399,33 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
             self._build_member_state()
 
     def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
-        """The optimizer Keras sees: vectorized over fused groups, or the members' own.
-
-        A fused member whose optimizer has no vectorized form moves to the graph engine
-        (on TensorFlow with `fuse="auto"`; elsewhere it is an error naming it).
-        """
+        """The optimizer Keras sees (see `_optimizer_choice`), after moving the fused
+        members whose optimizers have no vectorized form to the graph engine."""
         unsupported = planner.optimizer_moves(self._engines, self._members, optimizers)
         if unsupported:
-            self._move_to_graph(unsupported)
-        engines = self._gradient_engines
-        if not engines:
-            return MemberOptimizers(optimizers)
-        optimizer = VectorizedOptimizer(
+            self._set_engines(
+                _optimizer_choice.graph_fallback(
+                    self.name,
+                    unsupported,
+                    self._fuse,
+                    self.compiled,
+                    self._fusion_report,
+                    self._members,
+                    self._engines,
+                    self._options,
+                    self._slot_values,
+                )
+            )
+        return _optimizer_choice.pack_optimizer(
             optimizers,
-            groups=[engine.member_ids for engine in engines],
+            self._gradient_engines,
             skip_nonfinite=self._on_nan == "freeze",
             slot_values=self._slot_values,
         )
-        optimizer.set_variable_groups(
-            [
-                (variable, g)
-                for g, engine in enumerate(engines)
-                for layer in engine.keras_objects()
-                for variable in layer.trainable_variables
-            ]
-        )
-        return optimizer
-
-    def _move_to_graph(self, reasons: dict[int, str]) -> None:
-        """Moves fused members whose optimizers cannot be vectorized to the graph engine,
-        or raises where the graph engine cannot take them."""
-        reason = next(iter(reasons.values()))
-        if self._fuse is True or not BACKEND.graph_engine:
-            raise ValueError(
-                f"Invalid value for argument `optimizer`: {reason} The fused engine cannot "
-                "train it; the graph engine can, on the TensorFlow backend with "
-                'fuse="auto" or fuse=False.'
-            )
-        if self.compiled:
-            raise ValueError(
-                f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
-                "with these members fused before; build a new pack to train them."
-            )
-        with fusion_base.slot_values(self._slot_values):
-            engines = planner.move_to_graph(
-                self._fusion_report,
-                list(self._members),
-                list(self._engines),
-                {
-                    i: f"not fused: its optimizer cannot be vectorized: {r}"
-                    for i, r in reasons.items()
-                },
-                self._options,
-            )
-        self._set_engines(engines)
-        message = (
-            f"ModelPack {self.name}: members {sorted(reasons)} train on the graph engine, "
-            f"not fused: {next(iter(reasons.values()))}"
-        )
-        logger.warning(message)
-        warnings.warn(message, stacklevel=3)
 
     def _distributed(self) -> bool:
         """Whether this pack trains under a `tf.distribute` strategy."""
-        if not BACKEND.distribute_strategies:
-            return False
-        import tensorflow as tf
-
-        return tf.distribute.has_strategy() or _upstream.model_strategy(self) is not None
-
-    def _members_support_jit(self) -> bool:
-        """Whether XLA pays for this pack: for every engine's group (each engine's rule)."""
-        return all(engine.supports_jit() for engine in self._gradient_engines)
-
-    def _default_steps_per_execution(self) -> int:
-        """Batches per compiled call for `steps_per_execution="auto"`: the least that any
-        of the pack's engines asks for; one on torch, whose Keras trainer runs one batch
-        per call."""
-        if BACKEND.one_batch_per_call:
-            return 1
-        return min(engine.default_steps_per_execution for engine in self._engines)
+        return _compile_policy.distributed(self)
 
     def get_compile_config(self) -> dict:
         if self._member_compile_args is None:
@@ -654,19 +433,9 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         return keras.saving.serialize_keras_object(self._member_compile_args)
 
     def compile_from_config(self, config: dict) -> None:
-        config = keras.saving.deserialize_keras_object(config)
-        if "members" not in config:
-            # Written by keras-gpushare 0.1: one list per argument.
-            config["members"] = _compile_args.member_args(
-                self._members,
-                config["optimizer"],
-                config["loss"],
-                config["loss_weights"],
-                config["metrics"],
-                config["weighted_metrics"],
-                config["run_eagerly"],
-                config["auto_scale_loss"],
-            )
+        config = _saving.compile_arguments(
+            self._members, keras.saving.deserialize_keras_object(config)
+        )
         self._compile_members(
             config["members"],
             config["run_eagerly"],
@@ -677,19 +446,14 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
 
     def _build_member_state(self) -> None:
         """Creates the optimizer variables of the members that step themselves (of every
-        member under a `tf.distribute` strategy), and the pack optimizer's.
-
-        A member's optimizer that already holds state (the member trained before it joined
-        the pack) hands that state to the pack's optimizer, so training continues from it.
-        """
-        for i in self._members_building_optimizers():
-            member = self._members[i]
-            if not member.optimizer.built:
-                member.optimizer.build(member.trainable_variables)
-        if not self.optimizer.built:
-            self.optimizer.build(self._gradient_variables())
-            for engine in self._gradient_engines:
-                engine.read_optimizer_state(self.optimizer)
+        member under a `tf.distribute` strategy), and the pack optimizer's."""
+        _building.build_optimizers(
+            list(self._members),
+            self._members_building_optimizers(),
+            self.optimizer,
+            self._gradient_variables(),
+            self._gradient_engines,
+        )
 
     def _members_building_optimizers(self) -> set[int]:
         """The members whose own optimizers are built with the pack: those that step
@@ -700,20 +464,10 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         return {i for engine in self._stepping_engines for i in engine.member_ids}
 
     def _gradient_variables(self) -> list:
-        """The trainable variables the pack's optimizer updates, in Keras's order.
-
-        The fused groups' stacked weights and the members' loss scales: Keras hands the
-        pack's optimizer `trainable_variables` in this order on every backend.
-        """
-        ids = {
-            id(variable)
-            for engine in self._gradient_engines
-            for layer in engine.keras_objects()
-            for variable in layer.trainable_variables
-        }
-        if self._loss_scale is not None:
-            ids.add(id(self._loss_scale))
-        return [v for v in self.trainable_variables if id(v) in ids]
+        """The trainable variables the pack's optimizer updates, in Keras's order."""
+        return _building.gradient_variables(
+            self.trainable_variables, self._gradient_engines, self._loss_scale
+        )
 
     @property
     def metrics(self) -> list:
@@ -727,37 +481,18 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
     ) -> None:
         """Builds the pack, and the state of `members` (positions; default all) and of
         the fused groups, from one batch of data."""
-        if (
-            data_batch is None
-            and iterator is not None
-            and _fit_args.needs_a_batch([self, *self._members])
-        ):
-            for data_or_iterator in _upstream.epoch_iterator_data(iterator):
-                if isinstance(data_or_iterator, (list, tuple)):
-                    data_batch = data_or_iterator[0]
-                else:
-                    data_batch = next(data_or_iterator)
-                break
+        if data_batch is None:
+            data_batch = _building.first_batch([self, *self._members], iterator)
         if data_batch is not None:
-            n = len(self._members)
-            batches = data_lib.member_batches(
-                data_batch, self._members, range(n), self._options.output_counts, shard=False
+            _building.build_from_batch(
+                data_batch,
+                list(self._members),
+                self._gradient_engines,
+                self._options.output_counts,
+                members,
+                self._members_building_optimizers(),
+                self.compiled,
             )
-            eager = self._members_building_optimizers()
-            for i, (member, batch) in enumerate(zip(self._members, batches)):
-                if members is None or i in members:
-                    members_lib.build_member(member, batch, build_optimizer=i in eager)
-            # A member loaded by values before the first step: its engine keeps the loss
-            # and metrics of the member it was built with, which must be built too.
-            for engine in self._gradient_engines:
-                for i in engine.loaded_by_values():
-                    if members is None or i in members:
-                        original = engine.members[list(engine.member_ids).index(i)]
-                        members_lib.build_member(original, batches[i], build_optimizer=False)
-            if self.compiled:
-                y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
-                for engine in self._gradient_engines:
-                    engine.build_metric_states(y)
         self.built = True
         if self.optimizer is not None and not self.optimizer.built:
             # The variables the step hands the optimizer: not the graph engine's members'.
@@ -793,13 +528,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
                 callbacks=_fit_args.with_progress_bar(len(self._members), callbacks, verbose),
                 **kwargs,
             )
-        if return_dict:
-            return logs
-        names = self.metrics_names
-        values = [logs[k] for k in names if k in logs] + [
-            v for k, v in logs.items() if k not in names
-        ]
-        return values[0] if len(values) == 1 else values
+        return logs if return_dict else _fit_args.evaluate_values(logs, self.metrics_names)
 
     @property
     def metrics_names(self) -> list[str]:
@@ -837,59 +566,18 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         is frozen (`on_nan="freeze"`). Like Keras's own losses, the total is divided by the
         number of replicas under a `tf.distribute` strategy.
         """
-        status = ops.convert_to_tensor(self._status)
-        new_status = status
-        scales = self._loss_scales() if training else None
-        total = ops.convert_to_tensor(0.0)
         engines = self._gradient_engines
-        for engine, raw in zip(engines, self._engine_outputs(y_pred)):
-            current = ops.take(status, engine.member_ids)
-            losses, freeze = engine.loss(x, y, raw, sample_weight, current, training)
-            if scales is not None:
-                losses = losses * ops.take(scales, engine.member_ids)
-            total = total + ops.sum(losses)
-            if training:
-                new_status = ops.scatter_update(
-                    new_status,
-                    [[i] for i in engine.member_ids],
-                    ops.where(freeze, FROZEN_NAN, current),
-                )
+        total, new_status = _member_loss.summed_loss(
+            engines,
+            self._engine_outputs(y_pred),
+            (x, y, sample_weight),
+            ops.convert_to_tensor(self._status),
+            _member_loss.loss_scales(self.optimizer, self._loss_scale) if training else None,
+            training,
+        )
         if training and engines:
             self._status.assign(new_status)
         return _upstream.scale_loss_for_distribution(total)
-
-    def _loss_scales(self) -> Any:
-        """Each member's loss scale in training (fixed factor times dynamic scale), or None.
-
-        The gradient of the scaled loss with respect to the dynamic scale is the member's
-        loss: the vectorized optimizer reads from it which members trained this step.
-        """
-        optimizer = self.optimizer
-        if not isinstance(optimizer, VectorizedOptimizer):
-            return None
-        factors = optimizer.loss_scale_factors()
-        if self._loss_scale is None:
-            return None if np.all(factors == 1.0) else ops.convert_to_tensor(factors)
-        return ops.convert_to_tensor(factors) * ops.convert_to_tensor(self._loss_scale)
-
-    def _attach_loss_scale(self) -> None:
-        """Gives the members' dynamic loss scales (mixed precision) a variable, when needed."""
-        optimizer = self.optimizer
-        if not isinstance(optimizer, VectorizedOptimizer) or not optimizer.uses_dynamic_loss_scale:
-            return
-        if self._loss_scale is None:
-            self._loss_scale = self.add_weight(
-                name="member_loss_scale",
-                shape=(len(self._members),),
-                initializer=keras.initializers.Constant(optimizer.initial_loss_scales()),
-                trainable=True,
-            )
-        optimizer.attach_loss_scale(self._loss_scale)
-
-    def _learning_rate_handle(self, index: int) -> Any:
-        """What sets member `index`'s learning rate (`MemberView.optimizer`)."""
-        engine, j = self._locate(index)
-        return engine.learning_rate_handle(j, self.optimizer)
 
     def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> dict:
         """Updates every member's metrics and returns the pack's logs (`m{i}_<name>`)."""
@@ -924,15 +612,10 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         if self._data_mode == "shard":
             _fit_args.check_shardable(x, len(self._members))
         self._sync_member_mask()
-        callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks = per_member_callbacks(_chief.chief_callbacks(self, callbacks))
-        callbacks.append(StatusWatcher(list(callbacks)))
-        if self._jit_policy is not None:
-            callbacks.extend(self._jit_policy.callbacks())
+        policy = () if self._jit_policy is None else self._jit_policy.callbacks()
+        callbacks = _fit_args.fit_callbacks(self, kwargs.pop("callbacks", None), policy)
         given = _fit_args.call_arguments("fit", x, y, args, kwargs)
-        counts = [given["steps_per_epoch"]]
-        if given["validation_data"] is not None or given["validation_split"]:
-            counts.append(given["validation_steps"])
+        counts = _fit_args.fit_step_counts(given)
         frozen = OldObjectsFrozen(self.train_function is None)
         callbacks.append(frozen.callback())
         clash = _replicas.collective_clash_explained()
@@ -975,16 +658,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
                 callbacks=_fit_args.with_progress_bar(len(self._members), callbacks, verbose),
                 **kwargs,
             )
-        if not stack:
-            return outputs
-        shapes = {tuple(np.shape(o)) for o in outputs}
-        if len(shapes) != 1 or isinstance(outputs[0], (list, dict)):
-            raise ValueError(
-                "Invalid value for argument `stack`: members' predictions have different "
-                f"shapes or structures ({sorted(shapes)}), so they cannot be stacked. Call "
-                "`predict` with `stack=False` to get one array per member."
-            )
-        return np.stack(outputs)
+        return _fit_args.stacked_predictions(outputs) if stack else outputs
 
     # Serialization -----------------------------------------------------------------------
 
@@ -994,14 +668,7 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
         Under `MultiWorkerMirroredStrategy` call it on every worker (as for any Keras model
         there): the chief writes `filepath`, the other workers write nothing that stays.
         """
-        loaded = [i for e in self._engines for i in e.loaded_by_values()]
-        if loaded:
-            raise ValueError(
-                f"ModelPack {self.name} cannot be saved whole: members {sorted(loaded)} were "
-                "loaded by values into slots their fused layers were built for, which the "
-                "members' configs no longer describe. Save each member with "
-                "`pack.member(i).save(...)`, or the weights with `pack.save_weights(...)`."
-            )
+        _saving.check_saveable(self.name, self._engines)
         with _chief.chief_path(self, filepath) as path:
             super().save(path, *args, **kwargs)
 
@@ -1015,25 +682,17 @@ class ModelPack(*_BACKEND_STEPS, keras.Model):  # type: ignore[misc]  # (mypy: b
             super().save_weights(path, *args, **kwargs)
 
     def get_config(self) -> dict:
-        return {
-            "name": self.name,
-            "members": [keras.saving.serialize_keras_object(m) for m in self._members],
+        options = {
             "data": self._data_mode,
             "fuse": self._fuse,
             "on_nan": self._on_nan,
-            "engine": self.engine,
-            "groups": [list(engine.member_ids) for engine in self._gradient_engines],
             "_slot_values": self._slot_values,
         }
+        return _saving.pack_config(
+            self.name, self._members, options, self.engine, self._gradient_engines
+        )
 
     @classmethod
     def from_config(cls, config: dict) -> ModelPack:
-        config = dict(config)
-        config["members"] = [keras.saving.deserialize_keras_object(m) for m in config["members"]]
-        engine = config.pop("engine", None)
-        if "groups" not in config:
-            # Written by keras-gpushare 0.1: one engine for all members.
-            n = len(config["members"])
-            config["groups"] = [list(range(n))] if engine == "fused" else []
         # The saved weights have the saved plan's layout: rebuild exactly that plan.
-        return cls(**config)
+        return cls(**_saving.init_arguments(config))

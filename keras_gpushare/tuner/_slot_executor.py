@@ -92,7 +92,7 @@ class _SlotEpoch(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         runs = self.program.runs
         optimizer_state = self.optimizer_state or any(run.callbacks for run in runs)
-        members = self.program.pack._refreshed_members(optimizer_state=optimizer_state)
+        members = self.program.pack.refresh_members(optimizer_state=optimizer_state)
         ended = []
         for run in runs:
             run.end_epoch(run.next_epoch, logs, members[run.index])
@@ -281,7 +281,7 @@ class SlotExecutor(PackExecutor):
     def _begin(self, program: _Program, index: int, run: TrialRun) -> None:
         """The trial execution starts in slot `index`: its callbacks see `on_train_begin`."""
         # The slot's occupant, not `pack.members` (which copies every slot's weights out).
-        run.model = program.pack._members[index]
+        run.model = program.pack.member_model(index)
         run.index = index
         params = {"epochs": run.last_epoch, "verbose": 0, "steps": None}
         for callback in run.callbacks:

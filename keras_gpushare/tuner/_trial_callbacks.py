@@ -207,7 +207,7 @@ class PackTrials(keras.callbacks.Callback):
         # checkpoints and callbacks see this epoch's weights; their optimizers' state only
         # when a callback or a tuner hook of the user's may read it (checkpoints hold
         # weights alone).
-        members = self._pack._refreshed_members(optimizer_state=self._optimizer_state)
+        members = self._pack.refresh_members(optimizer_state=self._optimizer_state)
         for run in self._runs:
             if not run.active:
                 continue

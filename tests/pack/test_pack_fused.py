@@ -197,7 +197,7 @@ def test_member_early_stopping_on_the_fused_engine(binary_data):
 
     class Record(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            snapshots[epoch] = [w.copy() for w in pack._get_member_weights(0)]
+            snapshots[epoch] = [w.copy() for w in pack.get_member_weights(0)]
 
     stop = kg.callbacks.MemberEarlyStopping(monitor="val_loss", patience=1)
     pack.fit(

@@ -69,9 +69,9 @@ def interleaved_fits(members):
 @pytest.mark.parametrize("fuse", ["auto", False])
 def test_members_sharing_a_layer_train_as_interleaved_fits(fuse):
     pack = kg.ModelPack(build(), fuse=fuse)
-    assert pack._fusion_report.graph[:2] == (0, 1)
+    assert pack.engine_plan.graph[:2] == (0, 1)
     if fuse == "auto":
-        assert pack.engine == "mixed" and pack._fusion_report.groups == [(2, 3)]
+        assert pack.engine == "mixed" and pack.engine_plan.groups == [(2, 3)]
         assert "member 0 on the graph engine: it shares layer `shared` with member 1" in (
             pack.fusion_report
         )

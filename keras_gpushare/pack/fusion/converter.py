@@ -1,5 +1,6 @@
 """Walk members' Keras graphs, compare them layer by layer, build the fused graph."""
 
+import collections
 import dataclasses
 import inspect
 
@@ -314,6 +315,53 @@ def _may_skip(node, x, y):
     return keeps_shape(node, fused_class) and x.shape[-1] <= y.shape[-1]
 
 
+def _fused_inputs(functional, n_members, stacked_inputs):
+    """The fused model's inputs, one per input of the template's `functional`: each with
+    a leading member axis when `stacked_inputs`, else the members' own shape."""
+    new_inputs = []
+    for x in functional.inputs:
+        member_shape = tuple(x.shape[1:])
+        name = _upstream.producing_layer(x).name
+        if stacked_inputs:
+            new = keras.Input(
+                batch_shape=(n_members, None, *member_shape), dtype=x.dtype, name=name
+            )
+        else:
+            new = keras.Input(shape=member_shape, dtype=x.dtype, name=name)
+        new_inputs.append(new)
+    return new_inputs
+
+
+def _template_positions(graphs, template):
+    """For each member, its nodes' positions in `MemberGraph.nodes` mapped to their
+    template call."""
+    index_of = [{id(n): k for k, n in enumerate(g.nodes)} for g in graphs]
+    positions = [{} for _ in graphs]
+    for t, tnode in enumerate(template):
+        for i, n in enumerate(tnode.nodes):
+            if n is not None:
+                positions[i][index_of[i][id(n)]] = t
+    return positions
+
+
+def _fused_layer(tnode, n_members, flags, layouts, taken):
+    """The fused layer for template call `tnode`, made from every member's layer, told
+    which of its inputs are stacked (`flags`) and their layouts, and named apart from the
+    names in `taken`."""
+    layer = tnode.first.operation
+    fused_class = registry.fused_form(type(layer))
+    stacked_flags = flags if len(flags) > 1 else flags[0]
+    member_layers = [None if n is None else n.operation for n in tnode.nodes]
+    fused = fused_class.from_member(
+        layer, n_members, stacked_flags, member_layers, input_layouts=layouts
+    )
+    # Aligned members of different depths can bring two layers of one name.
+    base, k = fused.name, 1
+    while fused.name in taken:
+        fused.name, k = f"{base}_{k}", k + 1
+    return fused
+
+
 def build_graph(plan, n_members, input_mode):
     """Build the fused model's Functional graph from a `FusionPlan`; return it and a map.
 
@@ -330,24 +378,10 @@ def build_graph(plan, n_members, input_mode):
     functional = graphs[0].functional
     slot_mode = plan.chain and slot_values_enabled()
     stacked_inputs = input_mode == "stacked"
-    tensors, stacked = {}, {}
-    new_inputs = []
-    for i, x in enumerate(functional.inputs):
-        member_shape = tuple(x.shape[1:])
-        name = _upstream.producing_layer(x).name
-        if stacked_inputs:
-            new = keras.Input(
-                batch_shape=(n_members, None, *member_shape), dtype=x.dtype, name=name
-            )
-        else:
-            new = keras.Input(shape=member_shape, dtype=x.dtype, name=name)
-        new_inputs.append(new)
-        tensors[("input", i)] = new
-        stacked[("input", i)] = stacked_inputs
-    uses = {}
-    for tnode in template:
-        key = id(tnode.first.operation)
-        uses[key] = uses.get(key, 0) + 1
+    new_inputs = _fused_inputs(functional, n_members, stacked_inputs)
+    tensors = {("input", i): new for i, new in enumerate(new_inputs)}
+    stacked = {("input", i): stacked_inputs for i in range(len(new_inputs))}
+    uses = collections.Counter(id(tnode.first.operation) for tnode in template)
     broadcasts = {}
 
     def stacked_tensor(key):
@@ -358,12 +392,7 @@ def build_graph(plan, n_members, input_mode):
             broadcasts[key] = FusedBroadcast(n_members, {})(tensors[key])
         return broadcasts[key]
 
-    index_of = [{id(n): k for k, n in enumerate(g.nodes)} for g in graphs]
-    positions = [{} for _ in graphs]
-    for t, tnode in enumerate(template):
-        for i, n in enumerate(tnode.nodes):
-            if n is not None:
-                positions[i][index_of[i][id(n)]] = t
+    positions = _template_positions(graphs, template)
 
     def key_of(member, x):
         """The fused tensor standing for member `member`'s tensor `x`."""
@@ -399,17 +428,8 @@ def build_graph(plan, n_members, input_mode):
         flags = [shared or stacked[key] for key in sources]
         fused = fused_layers.get(id(layer))
         if fused is None:
-            fused_class = registry.fused_form(type(layer))
-            stacked_flags = flags if len(flags) > 1 else flags[0]
-            member_layers = [None if n is None else n.operation for n in tnode.nodes]
             layouts = [plan.layouts.get(key) for key in sources]
-            fused = fused_class.from_member(
-                layer, n_members, stacked_flags, member_layers, input_layouts=layouts
-            )
-            # Aligned members of different depths can bring two layers of one name.
-            base, k = fused.name, 1
-            while fused.name in layer_index or fused.name in input_names:
-                fused.name, k = f"{base}_{k}", k + 1
+            fused = _fused_layer(tnode, n_members, flags, layouts, {*layer_index, *input_names})
             fused_layers[id(layer)] = fused
             layer_index[fused.name] = [
                 None if n is None else graphs[i].layers.index(n.operation)

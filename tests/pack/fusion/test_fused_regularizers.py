@@ -140,7 +140,7 @@ def test_a_member_with_a_regularizer_that_does_not_fuse_leaves_the_others_fused(
 
     pack = kg.ModelPack(build())
     assert pack.engine == "mixed" and groups(pack) == [[0, 1, 3, 4]], pack.fusion_report
-    assert pack._fusion_report.graph == (2,)
+    assert pack.engine_plan.graph == (2,)
     pack.compile(optimizer=optimizers(5), loss="mse")
     assert_trains_as_alone(pack, build, X)
 
@@ -151,7 +151,7 @@ def test_a_member_with_another_kernel_size_forms_its_own_group():
 
     pack = kg.ModelPack(build())
     if TENSORFLOW:
-        assert groups(pack) == [[0, 1, 2, 3]] and pack._fusion_report.graph == (4,)
+        assert groups(pack) == [[0, 1, 2, 3]] and pack.engine_plan.graph == (4,)
         assert "member 4 on the graph engine: it fuses with no other member" in pack.fusion_report
         assert "config differs in member 4: kernel_size" in pack.fusion_report
     else:
