@@ -13,7 +13,16 @@ Measured in this run, every figure a median [min-max] over the repeats:
   the epochs at the steady rate, against one plain model's (from `compile`);
 - GPU utilisation and SM activity during each Keras fit (`UtilizationLogger`, means of the
   steady epochs) and during the torch run (the monitor's sampler), when pynvml and a GPU
-  answer.
+  answer;
+- then, once, after the first repeat: a KerasTuner search of its getting-started space
+  (benchmarks/_tuner_spaces.py, RandomSearch, seed 1) at 32 and 64 trials, plain
+  `keras_tuner.RandomSearch` against `ParallelTuner(executor="slots", parallel_trials=16)`
+  and, as the budget allows, `executor="pack"`: wall seconds of `search` and the ratio with
+  plain KerasTuner. Plain KerasTuner compiles every trial's model anew (1-2 s a trial on
+  JAX), so its first 16 trials (the same as every search's first 16) are timed and scaled to
+  32 and 64. The section runs in one process after a warm-up fit; it is skipped, with a line
+  saying so, when its estimate does not fit what is left of the budget, and a search is not
+  started when its estimate (from this run's searches) would not fit the section's share.
 
 "End to end" runs from `ModelPack(members)` (a plain model: from `compile`) to the end of
 `fit`: tracing and XLA compiling included, building the Keras members (the same for both
@@ -42,6 +51,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -54,7 +64,12 @@ _BATCH = 32
 _MONITOR_INTERVAL_S = 0.2
 
 # GPU sizes. From the H200 run in docs/benchmarks.md, estimated: about 45 s of Keras rows and
-# 20 s of torch per repeat, so that 2-3 repeats fit the budget.
+# 20 s of torch per repeat, so that 2-3 repeats fit the budget, less the tuner section's.
+# The tuner section's `guess_s` (seconds to start the process and warm up, per plain trial,
+# per ParallelTuner trial) are a priori guesses: plain KerasTuner on JAX compiles each trial's
+# model, 1-2 s on the H200; ParallelTuner's searches were not yet measured there. They put
+# the plain and slots searches at about 70 s; `cap_s` caps the section, pack searches
+# included, which run as they fit.
 _GPU = {
     "samples": 25_000,
     "epochs": 4,
@@ -63,8 +78,18 @@ _GPU = {
     "sequential": 2,
     "repeats": 3,
     "budget": 195.0,
+    "tuner": {
+        "samples": 4096,
+        "epochs": 3,
+        "batch": 64,
+        "trials": [32, 64],
+        "parallel_trials": 16,
+        "plain_trials": 16,
+        "guess_s": {"start": 10.0, "plain": 1.5, "parallel": 0.4},
+        "cap_s": 85.0,
+    },
 }
-# The same table in about a minute on two CPU cores.
+# The same tables at tiny sizes in about a minute and a half on two CPU cores.
 _SMOKE = {
     "samples": 512,
     "epochs": 3,
@@ -72,7 +97,22 @@ _SMOKE = {
     "members": [16, 64],
     "sequential": 2,
     "repeats": 2,
-    "budget": 110.0,
+    "budget": 140.0,
+    "tuner": {
+        "samples": 256,
+        "epochs": 2,
+        "batch": 64,
+        "trials": [4, 8],
+        "parallel_trials": 4,
+        "plain_trials": 2,
+        "guess_s": {"start": 8.0, "plain": 2.5, "parallel": 1.5},
+        "cap_s": 70.0,
+    },
+}
+_TUNER_NAMES = {
+    "plain": "KerasTuner RandomSearch",
+    "slots": 'ParallelTuner executor="slots"',
+    "pack": 'ParallelTuner executor="pack"',
 }
 
 
@@ -279,6 +319,103 @@ def _torch_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
     return 0
 
 
+def _tuner_searches(tuner: dict[str, Any]) -> list[tuple[str, int]]:
+    """The tuner section's searches, in the order they run: plain KerasTuner on its sample
+    of trials, the slots executor at each trial count, then the pack executor."""
+    searches = [("plain", tuner["plain_trials"])]
+    return searches + [(m, t) for m in ("slots", "pack") for t in tuner["trials"]]
+
+
+def _tuner_estimate(tuner: dict[str, Any], method: str, trials: int, per_trial: dict) -> float:
+    """Seconds a search should take: `trials` x the seconds a trial took in this run's
+    searches of its method (of the other ParallelTuner executor's, before its own), else x
+    the a priori guess."""
+    if method == "plain":
+        rate = per_trial.get("plain", tuner["guess_s"]["plain"])
+    else:
+        other = "pack" if method == "slots" else "slots"
+        rate = per_trial.get(method, per_trial.get(other, tuner["guess_s"]["parallel"]))
+    return trials * rate
+
+
+def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
+    """The tuner section: the searches of `_tuner_searches`, each started when its estimate
+    fits before the section's `deadline` (`time.time()`, set by the driver)."""
+    _no_tensorflow()
+    tuner = sizes["tuner"]
+    try:
+        import keras_tuner
+    except Exception as e:  # not installed, or not importable here (its protobuf files)
+        why = f"KerasTuner cannot be imported ({e}); benchmarks/gpu_wheels.sh fetches its wheels"
+        _emit({"kind": "tuner-note", "text": f"The tuner table was not measured: {why}."})
+        return 0
+    import keras_gpushare as kg
+
+    sys.path.insert(0, _HERE)
+    from _tuner_spaces import build_getting_started, make_data
+
+    _emit({"kind": "env", "keras_tuner": keras_tuner.__version__})
+    _warm_up_keras()
+    x, y = make_data(tuner["samples"], "getting-started")
+    root = tempfile.mkdtemp(prefix="gpu-table-tuner-")
+    per_trial: dict[str, float] = {}
+    try:
+        for method, trials in _tuner_searches(tuner):
+            left = tuner["deadline"] - time.time()
+            estimate = _tuner_estimate(tuner, method, trials, per_trial)
+            name = f"{_TUNER_NAMES[method]}, {trials} trials"
+            if estimate > left:
+                text = f"{name}: not started (estimated {estimate:.0f} s, {left:.0f} s left)"
+                _emit({"kind": "tuner-note", "text": text})
+                continue
+            common = dict(
+                objective="val_loss",
+                max_trials=trials,
+                seed=1,
+                directory=root,
+                project_name=f"{method}-{trials}",
+                overwrite=True,
+            )
+            if method == "plain":
+                search = keras_tuner.RandomSearch(build_getting_started, **common)
+            else:
+                search = kg.tuner.ParallelTuner(
+                    build_getting_started,
+                    parallel_trials=tuner["parallel_trials"],
+                    executor=method,
+                    **common,
+                )
+            start = time.perf_counter()
+            try:
+                search.search(
+                    x,
+                    y,
+                    epochs=tuner["epochs"],
+                    batch_size=tuner["batch"],
+                    validation_split=0.2,
+                    verbose=0,
+                )
+            except Exception as e:  # reported under the table; the others still run
+                traceback.print_exc()
+                _emit({"kind": "tuner-note", "text": f"{name} failed: {type(e).__name__}: {e}"})
+                continue
+            seconds = time.perf_counter() - start
+            per_trial[method] = seconds / trials
+            done = [t for t in search.oracle.trials.values() if t.status == "COMPLETED"]
+            _emit(
+                {
+                    "kind": "tuner",
+                    "method": method,
+                    "trials": trials,
+                    "seconds": seconds,
+                    "completed": len(done),
+                }
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
 # --------------------------------------------------------------------------- the table
 
 
@@ -418,7 +555,63 @@ def format_table(records: list[dict], sizes: dict[str, Any], meta: dict[str, Any
     notes += [f"{r['what']} failed: {r['error']}" for r in _runs(records, "error")]
     if notes:
         lines += [""] + [f"- {note}" for note in dict.fromkeys(notes)]
+    lines += _tuner_lines(records, sizes["tuner"])
     return "\n".join(lines) + "\n"
+
+
+def _tuner_lines(records: list[dict], tuner: dict[str, Any]) -> list[str]:
+    """The tuner section: its table, once a search was measured, and its notes."""
+    runs = _runs(records, "tuner")
+    notes = [r["text"] for r in _runs(records, "tuner-note")]
+    if not runs:
+        return ["", "Tuner table:", ""] + [f"- {note}" for note in notes] if notes else []
+    lines = [
+        "",
+        f"Tuner: KerasTuner's getting-started space (benchmarks/_tuner_spaces.py: 1-3 Dense "
+        f"layers of 32-256 units, relu or tanh, dropout or not, Adam or SGD), RandomSearch "
+        f"seed 1; {tuner['samples']:,} MNIST-shaped samples x {tuner['epochs']} epochs, batch "
+        f"{tuner['batch']}, validation split 0.2. Wall seconds of `search`, one run each in "
+        "one process after a warm-up fit; vs plain: plain KerasTuner's time over the method's.",
+    ]
+    plain = [r for r in runs if r["method"] == "plain"]
+    per_trial = plain[0]["seconds"] / plain[0]["trials"] if plain else None
+    rows = []
+    for trials in tuner["trials"]:
+        if per_trial is not None:
+            sample = plain[0]["trials"]
+            label = _TUNER_NAMES["plain"]
+            if sample != trials:
+                label += f" ({sample} trials, scaled)"
+            completed = plain[0]["completed"]
+            rows.append(
+                f"| {trials} | {label} | {per_trial * trials:.1f} | 1.00x | "
+                f"{completed if sample == trials else f'{completed} of {sample}'} |"
+            )
+        for r in runs:
+            if r["method"] == "plain" or r["trials"] != trials:
+                continue
+            ratio = f"{per_trial * trials / r['seconds']:.2f}x" if per_trial else "-"
+            rows.append(
+                f"| {trials} | {_TUNER_NAMES[r['method']]}, K={tuner['parallel_trials']} | "
+                f"{r['seconds']:.1f} | {ratio} | {r['completed']} |"
+            )
+    if rows:
+        lines += [
+            "",
+            "| trials | method | wall s | vs plain | trials completed |",
+            "| ---: | --- | ---: | ---: | ---: |",
+            *rows,
+        ]
+    if plain and plain[0]["trials"] not in tuner["trials"]:
+        notes.insert(
+            0,
+            f"Plain KerasTuner ran its first {plain[0]['trials']} trials (the same as every "
+            f"search's first {plain[0]['trials']}, seed 1): {per_trial:.2f} s a trial, scaled "
+            "to each trial count.",
+        )
+    if notes:
+        lines += [""] + [f"- {note}" for note in notes]
+    return lines
 
 
 # --------------------------------------------------------------------------- the driver
@@ -482,11 +675,34 @@ class _Driver:
                 break
             self.say(f"\n== after repeat {repeat + 1} ({time.monotonic() - self.start:.0f} s)")
             self.say(self.write_table())
+            if repeat == 0:
+                self._tuner()
         self.say(f"gpu_table: done in {time.monotonic() - self.start:.0f} s")
         self.write_table()
         return 0
 
-    def _worker(self, kind: str, repeat: int) -> None:
+    def _tuner(self) -> None:
+        """The tuner section, when its plain and slots searches' estimate fits the budget;
+        it gets at most `cap_s` seconds of what is left."""
+        tuner = self.sizes["tuner"]
+        left = self.sizes["budget"] - (time.monotonic() - self.start)
+        searches = [s for s in _tuner_searches(tuner) if s[0] != "pack"]
+        estimate = tuner["guess_s"]["start"]
+        estimate += sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
+        if estimate > left:
+            text = (
+                f"The tuner table was not measured: its plain and slots searches' estimate, "
+                f"{estimate:.0f} s, exceeds the {left:.0f} s left of the "
+                f"{self.sizes['budget']:.0f} s budget."
+            )
+            self.records.append({"kind": "tuner-note", "text": text})
+            self.say(f"gpu_table: {text}")
+            return
+        self._worker("tuner", 0, {**tuner, "deadline": time.time() + min(tuner["cap_s"], left)})
+        self.say(f"\n== after the tuner searches ({time.monotonic() - self.start:.0f} s)")
+        self.say(self.write_table())
+
+    def _worker(self, kind: str, repeat: int, tuner: dict[str, Any] | None = None) -> None:
         left = self.sizes["budget"] - (time.monotonic() - self.start)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
         if kind == "torch":
@@ -502,9 +718,14 @@ class _Driver:
             "--repeat",
             str(repeat),
             "--sizes",
-            json.dumps(self.sizes),
+            json.dumps({**self.sizes, "tuner": tuner or self.sizes["tuner"]}),
         ] + (["--cpu-smoke"] if self.args.cpu_smoke else [])
-        self.say(f"-- repeat {repeat + 1}: {kind} worker ({left:.0f} s of budget left)")
+        if kind == "tuner":
+            what = "the tuner worker"
+            self.say(f"-- tuner worker ({left:.0f} s of budget left)")
+        else:
+            what = f"repeat {repeat + 1}: the {kind} worker"
+            self.say(f"-- repeat {repeat + 1}: {kind} worker ({left:.0f} s of budget left)")
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -517,13 +738,17 @@ class _Driver:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-            self.notes.append(f"repeat {repeat + 1}: the {kind} worker was stopped at the budget")
+            self._note(kind, f"{what} was stopped at the budget")
         reader.join(timeout=10.0)
         if process.returncode and not self.fatal:
-            self.notes.append(
-                f"repeat {repeat + 1}: the {kind} worker exited with {process.returncode} "
-                "(see the log)"
-            )
+            self._note(kind, f"{what} exited with {process.returncode} (see the log)")
+
+    def _note(self, kind: str, text: str) -> None:
+        """A note under the first table, or under the tuner table for the tuner worker's."""
+        if kind == "tuner":
+            self.records.append({"kind": "tuner-note", "text": text[0].upper() + text[1:]})
+        else:
+            self.notes.append(text)
 
     def _read(self, process: subprocess.Popen) -> None:
         for line in process.stdout:
@@ -562,6 +787,13 @@ def _summary(record: dict[str, Any], sizes: dict[str, Any]) -> str:
         return f"ModelPack N={record['n']} ({record['engine']}): {fit(record, record['n'])}"
     if kind == "torch":
         return f"torch-vmap N={record['n']}: {fit(record, record['n'])}"
+    if kind == "tuner":
+        return (
+            f"{_TUNER_NAMES[record['method']]}, {record['trials']} trials: "
+            f"{record['seconds']:.1f} s ({record['completed']} completed)"
+        )
+    if kind == "tuner-note":
+        return f"tuner: {record['text']}"
     return f"{kind}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "kind")
 
 
@@ -604,15 +836,15 @@ def main() -> int:
     parser.add_argument("--members", type=_members, default=None, help="e.g. 16,64")
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--budget", type=float, default=None, help="seconds for all repeats")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all runs")
     parser.add_argument("--sequential-at-most", type=int, default=None, dest="sequential")
-    parser.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("jax", "torch", "tuner"), help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         sizes = json.loads(args.sizes)
-        worker = _jax_worker if args.worker == "jax" else _torch_worker
+        worker = {"jax": _jax_worker, "torch": _torch_worker, "tuner": _tuner_worker}[args.worker]
         return worker(sizes, args.repeat, args.cpu_smoke)
     sizes = dict(_SMOKE if args.cpu_smoke else _GPU)
     for key in ("members", "samples", "repeats", "budget", "sequential"):

@@ -6,9 +6,10 @@
 # Run it here, where PyPI answers; the GPU machine reaches no network. Its package list
 # (/work/.library/device/KINDS.md, "Python packages already there") has jax, numpy, absl-py,
 # h5py, ml-dtypes, packaging, rich, psutil, nvidia-ml-py, matplotlib, scipy and
-# typing-extensions, but not keras nor two of keras's needs, namex and optree. TensorFlow and
-# keras-tuner are not needed (gpu_table.py runs Keras on JAX and never tunes). The versions
-# are those the development environment runs.
+# typing-extensions, but not keras nor two of keras's needs, namex and optree, nor
+# keras-tuner and kt-legacy (the tuner table; keras-tuner's other needs, grpcio, protobuf and
+# requests, are there). TensorFlow is not needed (gpu_table.py runs Keras on JAX). The
+# versions are those the development environment runs.
 #
 # Then name .whl in the device tool's `carry`; gpu.sh installs what it finds there with
 # `pip install --no-index --no-deps --target /tmp/site`. About 3 MiB in all, well under the
@@ -22,7 +23,7 @@ python=${PYTHON:-}
 if [ -z "$python" ]; then
     if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
 fi
-wheels=(keras==3.15.1 namex==0.1.0 optree==0.20.0)
+wheels=(keras==3.15.1 namex==0.1.0 optree==0.20.0 keras-tuner==1.4.8 kt-legacy==1.0.5)
 
 if [ "$dir" = .whl ] && [ -d .git ]; then
     mkdir -p .git/info

@@ -12,16 +12,24 @@ per pack; with executor="slots" at K=8, 16 slots (`--slots`); with executor="pro
   10 classes, log learning rate, Adam or SGD): trials differ in widths, depth, activation and
   optimizer family, which the pack fuses with padding.
 
+Both live in benchmarks/_tuner_spaces.py, which gpu_table.py imports too (without TensorFlow).
+
 Prints wall time, the ratio of plain KerasTuner's time to each method's (same run), the
 best and worst trial scores, and for pack methods the engines the packs trained on.
 
-With `--bound`, each pack method also prints where its time went, from timings of every pack
-it trained (`ModelPack()`, `compile`, and `fit` epoch by epoch, read through a callback the
-benchmark adds to each pack): packs, each pack's fixed cost (building and compiling it, its
-first epoch beyond a steady one, and `fit`'s time outside epochs), the steady epochs, and
-"one program": the ratio the search would reach if every pack after the first cost only its
-steady epochs, as a search streaming its trials through one compiled program (slots) would at
-best on this machine, padding and refilling slots taken as free.
+With `--bound`, each pack and slots method also prints where its time went, from timings of
+every pack it trained (`ModelPack()`, `compile`, and `fit` epoch by epoch, read through a
+callback the benchmark adds to each pack; for slots, each program): packs, each pack's fixed
+cost (building and compiling it, its first epoch beyond a steady one, and `fit`'s time
+outside epochs), the steady epochs, and "one program": the ratio the search would reach if
+every pack after the first cost only its steady epochs, as a search streaming its trials
+through one compiled program (slots) would at best on this machine, padding and refilling
+slots taken as free. Then "padding-free": the steady epochs if each trial's epochs cost only
+its own FLOPs, each steady epoch of a pack scaled by the FLOPs of the models its active
+slots held over the FLOPs the pack computes (each fused group padded to its widest, every
+slot of a program, free or not; counted per sample by the planner's cost model,
+keras_gpushare/pack/fusion/cost.py), the measured steady epochs as a multiple of it, and
+the ratio with no padding and one program's fixed cost.
 
     python benchmarks/tuner.py [--space small|getting-started] [--quick] [--trials 16]
         [--epochs 5] [--packs 4,8,16] [--slots 8,16] [--oracle random|hyperband] [--bound]
@@ -44,67 +52,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import keras_tuner  # noqa: E402
 import numpy as np  # noqa: E402
+from _tuner_spaces import SPACES, make_data  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
+from keras_gpushare.pack.fusion import cost  # noqa: E402
+from keras_gpushare.pack.fusion.report import inspect_members  # noqa: E402
 
 DEVICES = kg.share_gpu()  # memory growth: the processes executor's workers share the GPU
-FEATURES = 20
-
-
-def build(hp: keras_tuner.HyperParameters) -> keras.Model:
-    """The searched model: a 20-units-1 MLP with dropout; module level so workers import it."""
-    model = keras.Sequential(
-        [
-            keras.Input((FEATURES,)),
-            keras.layers.Dense(hp.Choice("units", [32, 64, 128]), activation="relu"),
-            keras.layers.Dropout(hp.Float("dropout", 0.0, 0.5, step=0.1)),
-            keras.layers.Dense(1, activation="sigmoid"),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(hp.Float("lr", 1e-4, 1e-2, sampling="log")),
-        loss="binary_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
-
-
-def build_getting_started(hp: keras_tuner.HyperParameters) -> keras.Model:
-    """KerasTuner's getting-started search space (its tutorial's `build_model`)."""
-    model = keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten()])
-    for i in range(hp.Int("num_layers", 1, 3)):
-        model.add(
-            keras.layers.Dense(
-                hp.Int(f"units_{i}", min_value=32, max_value=256, step=32),
-                activation=hp.Choice("activation", ["relu", "tanh"]),
-            )
-        )
-    if hp.Boolean("dropout"):
-        model.add(keras.layers.Dropout(rate=0.25))
-    model.add(keras.layers.Dense(10, activation="softmax"))
-    lr = hp.Float("lr", min_value=1e-4, max_value=1e-2, sampling="log")
-    optimizer = hp.Choice("optimizer", ["adam", "sgd"])
-    model.compile(
-        optimizer=keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": lr}}),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
-
-
-SPACES = {"small": build, "getting-started": build_getting_started}
-
-
-def make_data(samples: int, space: str) -> tuple:
-    rng = np.random.default_rng(0)
-    if space == "getting-started":
-        x = rng.random(size=(samples, 28, 28)).astype("float32")
-        w = rng.normal(size=(28 * 28, 10)).astype("float32")
-        return x, np.argmax(x.reshape(samples, -1) @ w, axis=1).astype("int32")
-    x = rng.normal(size=(samples, FEATURES)).astype("float32")
-    w = rng.normal(size=(FEATURES, 1)).astype("float32")
-    y = (np.tanh(x @ w) + 0.3 * rng.normal(size=(samples, 1)) > 0).astype("float32")
-    return x, y
 
 
 class _Engines(logging.Handler):
@@ -123,13 +77,16 @@ class _Engines(logging.Handler):
 
 
 class _PackClock(keras.callbacks.Callback):
-    """Times one pack's `fit`, epoch by epoch."""
+    """Times one pack's `fit`, epoch by epoch, and notes the models its active slots hold
+    in each epoch (a slot's member, or the model last loaded into it)."""
 
     def __init__(self, record: dict) -> None:
         super().__init__()
         self.record = record
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        slots, status = self.record["slots"], self.model.status
+        self.record["trained"].append([m for m, s in zip(slots, status) if s == "active"])
         self._begin = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -138,58 +95,125 @@ class _PackClock(keras.callbacks.Callback):
 
 @contextlib.contextmanager
 def _timed_packs(packs: list):
-    """Appends a record of each `ModelPack` built inside: its build, compile, fit and epochs."""
+    """Appends a record of each `ModelPack` built inside: its build, compile, fit and epochs,
+    its engine plan, the model each slot holds, and the models trained in each epoch."""
     pack_class = kg.ModelPack
-    originals = pack_class.__init__, pack_class.compile, pack_class.fit
+    names = ("__init__", "compile", "fit", "load_member")
+    originals = {name: getattr(pack_class, name) for name in names}
+    records: dict[int, dict] = {}  # by id of a live pack
 
-    def timed(method, key):
+    def timed(name):
+        method = originals[name]
+
         def call(self, *args, **kwargs):
-            if key == "build":
-                members = len(args[0]) if args else len(kwargs["members"])
-                packs.append(
-                    {"members": members, "build": 0.0, "compile": 0.0, "fit": 0.0, "epochs": []}
-                )
-            record = packs[-1]
-            if key == "fit":
+            if name == "__init__":
+                members = list(args[0] if args else kwargs["members"])
+                records[id(self)] = {
+                    "members": len(members),
+                    "built": members,
+                    "slots": list(members),
+                    "slot_values": bool(kwargs.get("_slot_values")),
+                    "build": 0.0,
+                    "compile": 0.0,
+                    "fit": 0.0,
+                    "epochs": [],
+                    "trained": [],
+                }
+                packs.append(records[id(self)])
+            record = records[id(self)]
+            if name == "load_member":
+                index = args[0] if args else kwargs["index"]
+                model = args[1] if len(args) > 1 else kwargs["model"]
+                record["slots"][index] = model
+                return method(self, *args, **kwargs)
+            if name == "fit":
                 kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _PackClock(record)]
             start = time.perf_counter()
             try:
                 return method(self, *args, **kwargs)
             finally:
+                key = {"__init__": "build"}.get(name, name)
                 record[key] += time.perf_counter() - start
+                if name == "compile":
+                    record["plan"] = self.engine_plan
 
         return call
 
-    pack_class.__init__ = timed(originals[0], "build")
-    pack_class.compile = timed(originals[1], "compile")
-    pack_class.fit = timed(originals[2], "fit")
+    for name in names:
+        setattr(pack_class, name, timed(name))
     try:
         yield packs
     finally:
-        pack_class.__init__, pack_class.compile, pack_class.fit = originals
+        for name, method in originals.items():
+            setattr(pack_class, name, method)
 
 
-def _where_time_went(packs: list, seconds: float, plain: float) -> str:
-    """Packs' fixed cost and steady epochs, and the ratio with one program (see `--bound`).
+def _own_flops(model: keras.Model, cache: dict) -> float | None:
+    """`model`'s FLOPs per sample as the planner's cost model counts them for a member (its
+    `real` FLOPs in a group of one); `None` when it does not fuse."""
+    if id(model) not in cache:
+        _, plan = inspect_members([model])
+        cache[id(model)] = None if plan is None else cost.GroupCosts(plan, batch=1).flops([0])[1]
+    return cache[id(model)]
+
+
+def _program_flops(record: dict, cache: dict) -> float | None:
+    """The FLOPs per sample a step of the pack computes: each fused group padded to its
+    widest (in a pack built for slots, every slot computes every layer), and the graph
+    engine's members at their own."""
+    plan, total = record["plan"], 0.0
+    for group, fusion_plan in zip(plan.groups, plan.fusion_plans):
+        costs = cost.GroupCosts(fusion_plan, batch=1)
+        if record["slot_values"]:
+            for call in costs.calls:
+                call.present_only = False
+        total += costs.flops(range(len(group)))[0]
+    graph = [_own_flops(record["built"][i], cache) for i in plan.graph]
+    return None if None in graph else total + sum(graph)
+
+
+def _where_time_went(packs: list, seconds: float, plain: float, word: str) -> str:
+    """Packs' fixed cost and steady epochs, the ratio with one program, and the steady epochs
+    with no padding (see `--bound`).
 
     A pack of one epoch has no steady epoch of its own: it is taken at the median rate a
-    member-epoch of the multi-epoch packs ran at.
+    member-epoch of the multi-epoch packs ran at. An epoch without padding takes the pack's
+    steady epoch x the FLOPs of the models its active slots held over the FLOPs the pack
+    computes.
     """
     own = [float(np.median(r["epochs"][1:])) if len(r["epochs"]) > 1 else None for r in packs]
     rates = [usual / r["members"] for usual, r in zip(own, packs) if usual is not None]
     rate = float(np.median(rates)) if rates else 0.0
-    fixed, steady = [], 0.0
+    fixed, steady, padding_free, cache = [], 0.0, 0.0, {}
     for usual, record in zip(own, packs):
-        epochs = len(record["epochs"]) * (rate * record["members"] if usual is None else usual)
-        steady += epochs
-        fixed.append(record["build"] + record["compile"] + record["fit"] - epochs)
+        epoch = rate * record["members"] if usual is None else usual
+        steady += len(record["epochs"]) * epoch
+        fixed.append(
+            record["build"] + record["compile"] + record["fit"] - len(record["epochs"]) * epoch
+        )
+        computed = _program_flops(record, cache)
+        trained = [_own_flops(m, cache) for models in record["trained"] for m in models]
+        if computed is None or None in trained:
+            padding_free = None
+        elif padding_free is not None:
+            padding_free += epoch * sum(trained) / computed
     one_program = seconds - sum(fixed) + max(fixed, default=0.0)
-    return (
-        f"{'':<22}{len(packs)} pack{'' if len(packs) == 1 else 's'}: fixed {sum(fixed):.1f} s "
+    lines = [
+        f"{'':<22}{len(packs)} {word}{'' if len(packs) == 1 else 's'}: fixed {sum(fixed):.1f} s "
         f"({', '.join(f'{f:.1f}' for f in fixed)}), steady epochs {steady:.1f} s, "
         f"rest {seconds - sum(fixed) - steady:.1f} s; one program {one_program:.1f} s, "
         f"{plain / one_program:.2f}x"
-    )
+    ]
+    if padding_free is None:
+        lines.append(f"{'':<22}padding-free: not estimated (a model that does not fuse)")
+    elif padding_free > 0:
+        both = one_program - steady + padding_free
+        lines.append(
+            f"{'':<22}padding-free steady epochs {padding_free:.1f} s (measured: "
+            f"{steady / padding_free:.2f}x it); one program, padding-free {both:.1f} s, "
+            f"{plain / both:.2f}x"
+        )
+    return "\n".join(lines)
 
 
 def run(method: str, k: int, args: argparse.Namespace, data: tuple, root: str) -> tuple:
@@ -285,9 +309,8 @@ def main() -> None:
         for method, k in methods:
             engines.engines.clear()
             packs: list = []
-            with (
-                _timed_packs(packs) if args.bound and method == "pack" else contextlib.nullcontext()
-            ):
+            timed = args.bound and method in ("pack", "slots")
+            with _timed_packs(packs) if timed else contextlib.nullcontext():
                 seconds, scores = run(method, k, args, data, root)
             baseline = baseline or seconds
             plain = "KerasTuner " + ("Hyperband" if args.oracle == "hyperband" else "RandomSearch")
@@ -299,7 +322,8 @@ def main() -> None:
                 flush=True,
             )
             if packs:
-                print(_where_time_went(packs, seconds, baseline), flush=True)
+                word = "program" if method == "slots" else "pack"
+                print(_where_time_went(packs, seconds, baseline, word), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
