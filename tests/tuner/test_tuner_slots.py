@@ -123,3 +123,15 @@ def test_results_summary_says_where_each_trial_trained(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "program 0" in printed
     assert "slot" in printed
+
+
+def test_the_default_executor_is_slots_on_jax_and_packs_elsewhere(tmp_path):
+    """`executor="auto"` (the default): slots where each new pack's XLA compile is what a
+    search waits for (JAX), packs on TensorFlow and torch."""
+    tuner = kg.tuner.ParallelTuner(
+        hypermodel=build, objective="val_loss", max_trials=3, seed=5, directory=str(tmp_path)
+    )
+    jax = keras.backend.backend() == "jax"
+    assert tuner.executor == ("slots" if jax else "pack")
+    tuner.search(*_data(), **FIT)
+    assert {p["path"] for p in tuner.trial_paths().values()} == {"slot" if jax else "fused"}

@@ -131,6 +131,8 @@ def make(kind, oracle=None, hypermodel=build, base_kt=None, mixin=None, fuse="au
     elif kind == SLOTS:
         kwargs["executor"] = "slots"
         kind = 4
+    else:
+        kwargs.setdefault("executor", "pack")
     return cls(hypermodel=hypermodel, parallel_trials=kind, fuse=fuse, **kwargs)
 
 
