@@ -1,13 +1,15 @@
 """The fused engine driven directly, without a `ModelPack` around it.
 
 The engine is given its members and options, as the pack gives them: its forward pass
-equals each member's own, its losses each member's compiled loss, a member's weights go in
-and out of its slices without touching the others, and resetting a member restarts its
-rows of the vectorized optimizer only. Runs on TensorFlow, JAX and torch.
+equals each member's own, its losses each member's compiled loss, one step on the stacked
+weights each member's own step, a member's weights go in and out of its slices without
+touching the others, and resetting a member restarts its rows of the vectorized optimizer
+only. Runs on TensorFlow, JAX and torch (the step on TensorFlow and torch).
 """
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 from keras_gpushare.pack._status import ACTIVE
@@ -98,3 +100,34 @@ def test_resetting_a_member_restarts_its_optimizer_rows_only():
     for variable, old in zip(optimizer.variables, slots):
         if id(variable) in changed:
             np.testing.assert_array_equal(ops.convert_to_numpy(variable)[0], old[0])
+
+
+def _gradients(engine, x, y):
+    """Gradients of the sum of the engine's training losses, as the pack's step takes them."""
+    status = ops.convert_to_tensor(np.full((3,), ACTIVE, "int32"))
+    variables = engine.fused.trainable_variables
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            losses, _ = engine.loss(x, y, engine.call(x, training=True), None, status, True)
+            total = ops.sum(losses)
+        return tape.gradient(total, [v.value for v in variables])
+    losses, _ = engine.loss(x, y, engine.call(x, training=True), None, status, True)
+    ops.sum(losses).backward()
+    return [v.value.grad for v in variables]
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "jax", reason="JAX differentiates a stateless call (the pack's)"
+)
+def test_a_step_on_the_stacked_weights_is_each_members_own_step():
+    engine, members = _engine()
+    optimizer = VectorizedOptimizer([m.optimizer for m in members])
+    x, y = _data()
+    optimizer.apply(_gradients(engine, x, y), engine.fused.trainable_variables)
+    _, references = _engine()
+    for j, reference in enumerate(references):
+        reference.train_on_batch(x, y)
+        for got, want in zip(engine.get_member_weights(j), reference.get_weights()):
+            np.testing.assert_allclose(got, want, atol=ATOL)
