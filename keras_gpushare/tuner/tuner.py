@@ -62,6 +62,12 @@ class ParallelTuner(keras_tuner.Tuner):
     packs, a trial whose model trains itself (overrides `fit`, `train_step`, `test_step`
     or `compute_loss`) or whose own pack raises.
 
+    With `executor="slots"`, the packs are kept for the search ("programs") and trials are
+    streamed through their slots: a slot freed by a trial that ended takes the next trial
+    that fits it (its widths, activations, depth, dropout rates and optimizer held as data)
+    without a new trace or compile. The default, `executor="auto"`, is `"slots"` on JAX and
+    `"pack"` on TensorFlow and torch.
+
     With `executor="processes"`, K worker processes share the device (each calls
     `kg.share_gpu`) and take trials from a chief in this process over KerasTuner's own
     gRPC protocol on 127.0.0.1; each worker rebuilds this tuner (your subclass, with your
