@@ -538,7 +538,8 @@ class ParallelTuner(keras_tuner.Tuner):
         Each path is a dict of short sentences, JSON-serialisable and kept in the tuner's
         state, so a resumed search still reports the trials of earlier runs:
 
-        - `"path"`: `"fused"` (in a `ModelPack`, in a fused group with other trials),
+        - `"path"`: `"slot"` (in a slot of a compiled program, `executor="slots"`),
+          `"fused"` (in a `ModelPack`, in a fused group with other trials),
           `"graph"` (in a `ModelPack`, on the graph engine), `"mixed"` (some executions
           fused, some on the graph engine), `"alone"` (with KerasTuner's own `run_trial`),
           `"worker"` (in a worker process, `executor="processes"`) or `"not trained"`
@@ -549,6 +550,8 @@ class ParallelTuner(keras_tuner.Tuner):
         - `"pack"`: the trials of its pack and their batch size (`"fused"`, `"graph"`,
           `"mixed"`).
         - `"group"`: its fused group and the other trials in it (`"fused"`, `"mixed"`).
+        - `"program"` and `"slot"`: the number of the compiled program the trial trained in
+          and its slot there (`"slot"`).
         - `"split"`: only when the round's pack raised and each of its trials was then
           packed alone to find the culprit: that pack and its error.
 
@@ -583,9 +586,9 @@ class ParallelTuner(keras_tuner.Tuner):
         )
         tuner.search(x, y, epochs=1, verbose=0)
         for trial_id, path in tuner.trial_paths().items():
-            print(trial_id, path["path"], path["group"])
-        # 0 fused fused group 0 with trial 1
-        # 1 fused fused group 0 with trial 0
+            print(trial_id, path["path"], path.get("group") or path.get("program"))
+        # TensorFlow (executor="auto" packs):  0 fused fused group 0 with trial 1
+        # JAX (executor="auto" fills slots):    0 slot 0
         ```
         """
         return {
@@ -602,6 +605,7 @@ class ParallelTuner(keras_tuner.Tuner):
         Path: alone: its model overrides `train_step`
         Path: graph (pack of trials 0, 1, 2): layer `twice` (Twice): layer type ...
         Path: fused (pack of trials 0, 1, 2; fused group 0 with trial 1): the planner ...
+        Path: slot (program 0, slot 1): ...
         ```
 
         Args:
@@ -667,6 +671,7 @@ def _path_line(path: dict[str, str]) -> str:
     """A trial's path (see `ParallelTuner.trial_paths`) as one line of text."""
     where = [f"pack of {path['pack']}"] if "pack" in path else []
     where += [path["group"]] if "group" in path else []
+    where += [f"program {path['program']}, slot {path['slot']}"] if "program" in path else []
     line = path["path"] + (f" ({'; '.join(where)})" if where else "") + f": {path['why']}"
     return line + (f"; earlier, {path['split']}" if "split" in path else "")
 
