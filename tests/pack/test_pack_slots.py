@@ -432,3 +432,52 @@ def test_a_slot_behind_a_per_sample_layer_takes_a_model_by_values(shape):
     reference.set_weights(start)
     reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     _assert_same(pack.member(0), reference)
+
+
+def _layered(seed, hidden, features=32):
+    """A model of `hidden` Dense layers (`(units, activation)` each) before its output."""
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((features,))]
+    layers += [keras.layers.Dense(units, activation=a) for units, a in hidden]
+    model = keras.Sequential([*layers, keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    return model
+
+
+def _wide_data(features=32):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, features)).astype("float32")
+    return x, x[:, :3].sum(axis=1, keepdims=True)
+
+
+def test_searched_layers_of_a_slot_pack_share_one_capacity():
+    """Built for slots, the Dense layers that differ between members (a depth search's
+    hidden layers) hold the widest width and every activation of any of them: a model
+    whose second layer is wider than, and of another activation from, every member's
+    second layer loads and trains as it would alone."""
+    x, y = _wide_data()
+    members = [_layered(0, [(16, "relu"), (8, "relu")]), _layered(1, [(16, "tanh")])]
+    pack = kg.ModelPack(members, _slot_values=True)
+    pack.compile()
+    newcomer = _layered(7, [(8, "tanh"), (16, "tanh")])
+    start = newcomer.get_weights()
+    pack.load_member(1, newcomer)
+    history = pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+
+    reference = _layered(7, [(8, "tanh"), (16, "tanh")])
+    reference.set_weights(start)
+    logs = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    _assert_same(pack.member(1), reference)
+    np.testing.assert_allclose(history["m1_loss"], logs["loss"], rtol=1e-5)
+
+
+def test_a_capacity_that_costs_too_much_is_not_shared():
+    """Sharing stops where it would make each step much dearer (here a 64-wide second
+    layer for members whose second layer is 4 wide): that layer keeps its members' width,
+    and a wider model is refused, saying so."""
+    members = [_layered(0, [(64, "relu")]), _layered(1, [(4, "relu"), (4, "relu")])]
+    pack = kg.ModelPack(members, _slot_values=True)
+    pack.compile()
+    assert pack.load_problem(0, _layered(7, [(4, "relu"), (4, "relu")])) is None
+    with pytest.raises(ValueError, match=r"at most \(64, 4\)"):
+        pack.load_member(0, _layered(7, [(4, "relu"), (8, "relu")]))

@@ -3,8 +3,9 @@
 A trial loaded into a slot that another trial used before trains as KerasTuner's own tuner
 trains it (same scores, metrics and best steps, checked against `keras_tuner.RandomSearch`
 on the same code), the slots are refilled without a new program where the trial fits
-(`trial_paths` say which program and slot), and a trial of another depth opens a program
-of its own. Runs on TensorFlow and JAX.
+(`trial_paths` say which program and slot), a program's searched layers share one
+capacity, and a trial deeper than every slot opens a program of its own. Runs on TensorFlow
+and JAX.
 """
 
 import os
@@ -109,12 +110,50 @@ def _deeper(hp) -> keras.Model:
     return build(hp, depth=2)
 
 
+def _deepest(hp) -> keras.Model:
+    return build(hp, depth=3)
+
+
 def test_a_trial_that_fits_no_slot_opens_a_program_and_still_matches(tmp_path):
+    # With seed 1 the first three trials have one or two hidden layers, the next three
+    # three: deeper than any slot of the first program.
+    reference = _search(tmp_path, "kt", max_trials=6, hypermodel=_deepest, seed=1)
+    tuner = _search(tmp_path, "slots", max_trials=6, hypermodel=_deepest, seed=1)
+    assert_same_trials(reference, tuner)
+    paths = tuner.trial_paths()
+    depths = {i: t.hyperparameters.get("layers") for i, t in tuner.oracle.trials.items()}
+    first = [i for i in paths if paths[i]["program"] == "0"]
+    deeper = [i for i in paths if depths[i] > max(depths[j] for j in first)]
+    assert deeper, (depths, paths)
+    assert all(paths[i]["program"] != "0" for i in deeper), paths
+
+
+def test_searched_layers_share_one_capacity(tmp_path):
+    """A program's searched Dense layers hold the widest width and every activation of
+    any of them: a trial whose second layer is wider, or uses another activation, than the
+    second layers of the trials the program was opened with loads into a slot (with seed
+    5, trial 3 has a second layer of 4 relu units; the first three trials' second layers
+    were 2 relu units) and trains as KerasTuner's own tuner trains it."""
     reference = _search(tmp_path, "kt", max_trials=6, hypermodel=_deeper)
     tuner = _search(tmp_path, "slots", max_trials=6, hypermodel=_deeper)
     assert_same_trials(reference, tuner)
-    programs = {p["program"] for p in tuner.trial_paths().values()}
-    assert len(programs) >= 2
+    paths = tuner.trial_paths()
+    assert {p["program"] for p in paths.values()} == {"0"}, paths
+    opened = [t for t in tuner.oracle.trials.values() if "opened" in paths[t.trial_id]["why"]]
+    second = {
+        (t.hyperparameters.get("units"), t.hyperparameters.get("activation"))
+        for t in opened
+        if t.hyperparameters.get("layers") == 2
+    }
+    later = [
+        t
+        for t in tuner.oracle.trials.values()
+        if t not in opened
+        and t.hyperparameters.get("layers") == 2
+        and (t.hyperparameters.get("units"), t.hyperparameters.get("activation")) not in second
+        and t.hyperparameters.get("units") > min(u for u, _ in second)
+    ]
+    assert later, (second, paths)
 
 
 def test_results_summary_says_where_each_trial_trained(tmp_path, capsys):

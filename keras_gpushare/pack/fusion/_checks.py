@@ -1,5 +1,7 @@
 """Shared helpers of fused layers: unsupported options, regularizers, padded activations."""
 
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -129,12 +131,19 @@ def padded_activation_problem(layers, layout, key="activation"):
         if layer is None:
             continue
         spec = layer.get_config().get(key)
-        name = (
-            spec if isinstance(spec, str) else getattr(keras.activations.get(spec), "__name__", "")
-        )
-        if name not in _ELEMENTWISE_ACTIVATIONS:
+        if not elementwise_activation(spec):
             return (
-                f"activation {name or spec!r} acts across features, so it cannot run on "
-                "features padded to the widest member (give the members equal widths)"
+                f"activation {_activation_name(spec) or spec!r} acts across features, so it "
+                "cannot run on features padded to the widest member (give the members equal "
+                "widths)"
             )
     return None
+
+
+def elementwise_activation(spec: Any) -> bool:
+    """Whether the activation `spec` (a layer config's value) acts feature by feature."""
+    return _activation_name(spec) in _ELEMENTWISE_ACTIVATIONS
+
+
+def _activation_name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else getattr(keras.activations.get(spec), "__name__", "")

@@ -266,12 +266,22 @@ class FusedLayer(keras.layers.Layer):
         return None, f"`{cls.__name__}` cannot take members' inputs of different sizes"
 
     @classmethod
-    def from_member(cls, layer, n_members, input_stacked, member_layers=(), input_layouts=None):
+    def from_member(
+        cls,
+        layer,
+        n_members,
+        input_stacked,
+        member_layers=(),
+        input_layouts=None,
+        capacity=None,
+    ):
         """Create the fused form of `layer` (a member's) for `n_members` members.
 
         `member_layers` (every member's layer, `None` where a member skips it) supplies
         the `per_member_keys` and `size_keys` values; `input_layouts` the padding of the
-        inputs. Override when the fused class needs more than `layer.get_config()`.
+        inputs; `capacity` (only for classes declaring `template_capacity`, built for
+        slots) what the layer holds beyond its members (`_capacity.template_capacity`).
+        Override when the fused class needs more than `layer.get_config()`.
         """
         config = layer.get_config()
         keys = cls.member_keys()
@@ -280,6 +290,8 @@ class FusedLayer(keras.layers.Layer):
             config["per_member"] = {k: [None if c is None else c[k] for c in configs] for k in keys}
         if input_layouts is not None and not all(layout_lib.is_full(x) for x in input_layouts):
             config["input_layouts"] = [layout_lib.to_config(x) for x in input_layouts]
+        if capacity:
+            config["slot_capacity"] = dict(capacity)
         return cls(
             n_members=n_members,
             member_config=config,

@@ -344,16 +344,17 @@ def _template_positions(graphs, template):
     return positions
 
 
-def _fused_layer(tnode, n_members, flags, layouts, taken):
+def _fused_layer(tnode, n_members, flags, layouts, taken, capacity):
     """The fused layer for template call `tnode`, made from every member's layer, told
-    which of its inputs are stacked (`flags`) and their layouts, and named apart from the
-    names in `taken`."""
+    which of its inputs are stacked (`flags`), their layouts and what it holds beyond its
+    members (`capacity`, built for slots), and named apart from the names in `taken`."""
     layer = tnode.first.operation
     fused_class = registry.fused_form(type(layer))
     stacked_flags = flags if len(flags) > 1 else flags[0]
     member_layers = [None if n is None else n.operation for n in tnode.nodes]
+    extra = {"capacity": capacity} if capacity else {}
     fused = fused_class.from_member(
-        layer, n_members, stacked_flags, member_layers, input_layouts=layouts
+        layer, n_members, stacked_flags, member_layers, input_layouts=layouts, **extra
     )
     # Aligned members of different depths can bring two layers of one name.
     base, k = fused.name, 1
@@ -429,7 +430,8 @@ def build_graph(plan, n_members, input_mode):
         fused = fused_layers.get(id(layer))
         if fused is None:
             layouts = [plan.layouts.get(key) for key in sources]
-            fused = _fused_layer(tnode, n_members, flags, layouts, {*layer_index, *input_names})
+            taken = {*layer_index, *input_names}
+            fused = _fused_layer(tnode, n_members, flags, layouts, taken, plan.capacity.get(t))
             fused_layers[id(layer)] = fused
             layer_index[fused.name] = [
                 None if n is None else graphs[i].layers.index(n.operation)

@@ -46,6 +46,10 @@ class _Call:
 
     ins: np.ndarray
     outs: np.ndarray
+    # The padded widths below which no group of the plan goes: a capacity shared by the
+    # template's searched calls (a pack built for slots, `_capacity`), else 0.
+    in_floor: int
+    out_floor: int
     present: np.ndarray
     positions: int
     kernel: int
@@ -71,10 +75,10 @@ class GroupCosts:
             node = tnode.first
             out_shape = node.outputs[0].shape
             in_shape = node.input_tensors[0].shape if node.input_tensors else out_shape
-            ins = _widths(
-                plan.layouts.get(plan.sources(t)[0]) if plan.sources(t) else None, in_shape[-1], n
-            )
-            outs = _widths(plan.layouts.get(("node", t, 0)), out_shape[-1], n)
+            in_layout = plan.layouts.get(plan.sources(t)[0]) if plan.sources(t) else None
+            out_layout = plan.layouts.get(("node", t, 0))
+            ins = _widths(in_layout, in_shape[-1], n)
+            outs = _widths(out_layout, out_shape[-1], n)
             present = np.asarray([m is not None for m in tnode.nodes])
             layer = node.operation
             kernel = 1
@@ -86,6 +90,8 @@ class GroupCosts:
                 _Call(
                     ins,
                     outs,
+                    _floor(in_layout, plan),
+                    _floor(out_layout, plan),
                     present,
                     positions,
                     kernel,
@@ -100,13 +106,14 @@ class GroupCosts:
         padded = real = 0.0
         for call in self.calls:
             ins, outs = call.ins[group], call.outs[group]
+            in_width, out_width = max(ins.max(), call.in_floor), max(outs.max(), call.out_floor)
             scale = 2.0 * self.batch * call.positions * call.kernel
             if call.weighted:
                 computed = call.present[group].sum() if call.present_only else len(group)
-                padded += scale * computed * ins.max() * outs.max()
+                padded += scale * computed * in_width * out_width
                 real += scale * float(np.sum(ins * outs * call.present[group]))
             else:
-                padded += self.batch * call.positions * len(group) * outs.max()
+                padded += self.batch * call.positions * len(group) * out_width
                 real += self.batch * call.positions * float(np.sum(outs))
         return padded, real
 
@@ -125,6 +132,11 @@ class GroupCosts:
         """The share of a group's FLOPs that is padding."""
         padded, real = self.flops(members)
         return 0.0 if padded <= 0 else max(0.0, 1.0 - real / padded)
+
+
+def _floor(layout: Any, plan: Any) -> int:
+    """A tensor's padded width in a plan with a shared capacity (its layout's), else 0."""
+    return int(layout.shape[1]) if plan.capacity and layout is not None else 0
 
 
 def _widths(layout: Any, size: Any, n: int) -> np.ndarray:

@@ -52,6 +52,9 @@ class FusedDense(FusedLayer):
     slot_keys = ("units", "activation", "use_bias")
     skippable = True
     computes_present_only = True
+    # Built for slots, a searched Dense of a chain holds the template's widest width and
+    # every activation of its searched Dense calls (`_capacity.template_capacity`).
+    template_capacity = True
 
     def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
         super().__init__(n_members, member_config, input_stacked, **kwargs)
@@ -61,12 +64,14 @@ class FusedDense(FusedLayer):
         if self.slot_values:
             # Which members skip the layer is data (`FusedSkip.slot_present`).
             self.present = list(range(self.n_members))
-        self.units = max(self.member_units)
+        capacity = self.member_config.get("slot_capacity", {}) if self.slot_values else {}
+        self.units = max(*self.member_units, capacity.get("units", 0))
         self.member_bias = [bool(b) for b in self.per_member("use_bias")]
         # Built for slots, every member may have a bias: a member loaded later may use one.
         self.use_bias = any(self.member_bias) or self.slot_values
         self.out_layout = layout_lib.prefix(self.member_units, self.units)
         specs = [spec for spec in self.per_member("activation") if spec is not None]
+        specs += capacity.get("activation", [])
         self.activation_specs = list({repr(spec): spec for spec in specs}.values())
 
     @classmethod

@@ -377,7 +377,7 @@ def fuse_planned(
 
 def _member_config(fused_layer: Any) -> dict:
     """The member layer config a fused layer was made from (member 0's values)."""
-    own = ("per_member", "input_layouts", "slot_values")
+    own = ("per_member", "input_layouts", "slot_values", "slot_capacity")
     config = {k: v for k, v in fused_layer.member_config.items() if k not in own}
     if "class_name" in config and isinstance(config.get("config"), dict):
         # Wrappers of any per-sample layer keep it serialized (class and config).

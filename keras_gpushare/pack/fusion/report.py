@@ -10,6 +10,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import converter
 from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion import template as template_lib
+from keras_gpushare.pack.fusion._capacity import template_capacity
 from keras_gpushare.pack.fusion.base import slot_values_enabled
 
 
@@ -76,12 +77,15 @@ class FusionPlan:
             output) rather than identical graphs.
         layouts: the layout of every fused tensor (`None` where no member pads it), by
             `("input", i)` or `("node", template position, output index)`.
+        capacity: built for slots, what each searched call holds beyond its members, by
+            template position (`_capacity.template_capacity`).
     """
 
     graphs: list
     template: list
     chain: bool
     layouts: dict
+    capacity: dict = dataclasses.field(default_factory=dict)
 
     def sources(self, t):
         """The keys of the tensors feeding call `t`'s first argument, flattened."""
@@ -144,11 +148,15 @@ def inspect_members(members):
     chain = any(n is None for t in template_nodes for n in t.nodes) or any(
         len(g.nodes) != len(graphs[0].nodes) for g in graphs
     )
+    capacity: dict = {}
     if slot_values_enabled():
         # Built for slots, chains are aligned as chains so that a model of another depth
-        # can be loaded later (`FusedModel.slot_layers`).
+        # can be loaded later (`FusedModel.slot_layers`), and their searched calls share
+        # one capacity.
         chain = chain or all(template_lib.is_chain(g) for g in graphs)
-    plan = FusionPlan(graphs, template_nodes, chain, {})
+        if chain:
+            capacity = template_capacity(template_nodes)
+    plan = FusionPlan(graphs, template_nodes, chain, {}, capacity)
     n = len(members)
     for i in range(len(graphs[0].functional.inputs)):
         plan.layouts[("input", i)] = None
@@ -176,6 +184,8 @@ def inspect_members(members):
             if why:
                 verdict.reason = why
             else:
+                if t in capacity:
+                    found = [layout_lib.widen(found[0], capacity[t]["units"]), *found[1:]]
                 outputs = list(found) + [None] * (len(node.outputs) - len(found))
                 if tnode.skipped:
                     outputs[0] = _passed_through(outputs[0], inputs[0], tnode.skipped, n, node)
