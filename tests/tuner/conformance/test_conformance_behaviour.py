@@ -537,8 +537,15 @@ def test_user_errors_match_keras_tuner(tmp_path, k):
 class FrozenSequential(keras.Sequential):
     """A model whose own `train_step` never updates it (a pack must not bypass it)."""
 
-    def train_step(self, data):
-        x, y = data
+    def train_step(self, *args):
+        if keras.backend.backend() == "jax":
+            # JAX's stateless step: `(state, data)` in, `(logs, state)` out; the step
+            # is the test step's, with the optimizer's variables handed back unchanged.
+            (trainable, non_trainable, optimizer_variables, metrics), data = args
+            logs, state = self.test_step((trainable, non_trainable, metrics), data)
+            trainable, non_trainable, metrics = state
+            return logs, (trainable, non_trainable, optimizer_variables, metrics)
+        x, y = args[0]
         y_pred = self(x, training=True)
         loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
         return self.compute_metrics(x, y, y_pred) | {"loss": loss}
