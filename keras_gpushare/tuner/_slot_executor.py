@@ -144,8 +144,11 @@ class SlotExecutor(PackExecutor):
             self._place(new)
             self._open_for_waiting()
             if not self._running():
+                # The oracle may have answered IDLE while these trials were pending: ask
+                # again once they have ended.
+                ran_alone = bool(self._alone)
                 self._run_waiting_alone()
-                if not new and not self._alone:
+                if not new and not ran_alone:
                     return
                 continue
             for program in list(self._programs):

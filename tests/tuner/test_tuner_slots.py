@@ -175,3 +175,37 @@ def test_the_default_executor_is_slots_on_jax_and_packs_elsewhere(tmp_path):
     assert tuner.executor == ("slots" if jax else "pack")
     tuner.search(*_data(), **FIT)
     assert {p["path"] for p in tuner.trial_paths().values()} == {"slot" if jax else "fused"}
+
+
+def test_trials_of_a_program_that_raised_run_alone_and_the_search_goes_on(tmp_path):
+    """A program whose fit raises (one trial's model takes 7 features, the data has 6):
+    its trials run alone with KerasTuner's `run_trial`, the bad one fails as in
+    KerasTuner, and the grid's remaining trial, which the oracle held back while they were
+    pending, still runs."""
+    import tuner_helpers as th
+
+    def grid():
+        hp = keras_tuner.HyperParameters()
+        hp.Choice("mode", ["ok", "bad", "ok2"])
+        return keras_tuner.oracles.GridSearchOracle(objective="val_loss", hyperparameters=hp)
+
+    statuses = {}
+    for kind in ("kt", "slots"):
+        kwargs = dict(oracle=grid(), hypermodel=th.build_wrong_input)
+        kwargs.update(directory=str(tmp_path), project_name=kind)
+        if kind == "kt":
+            tuner = keras_tuner.Tuner(**kwargs)
+        else:
+            tuner = kg.tuner.ParallelTuner(parallel_trials=4, executor="slots", **kwargs)
+        tuner.search(*th.data(), epochs=2, validation_split=0.25, verbose=0, shuffle=False)
+        trials = tuner.oracle.trials.values()
+        statuses[kind] = {t.hyperparameters["mode"]: t.status for t in trials}
+    assert (
+        statuses["slots"]
+        == statuses["kt"]
+        == {
+            "ok": "COMPLETED",
+            "bad": "FAILED",
+            "ok2": "COMPLETED",
+        }
+    )
