@@ -38,7 +38,7 @@ demo: $(VENV)/.base
 
 # The tests `make test` leaves out (`-m "not slow"`): see the marker in pyproject.toml.
 TEST_SELECTION ?= -m "not slow"
-JAX_TESTS := tests/pack/fusion tests/test_docstring_examples.py tests/pack/test_program_cache.py tests/pack/test_one_time_compiles.py tests/pack/test_pack_unregistered_objects.py tests/pack/test_member_copy_state.py tests/pack/test_gc_freeze.py tests/pack/test_member_build.py tests/pack/test_pack_shared_layers.py tests/pack/test_pack_output.py tests/pack/test_pack_member_errors.py tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/pack/test_pack_slots.py tests/tuner/test_tuner_slots.py tests/tuner/test_slot_executor.py tests/tuner/conformance/test_conformance_results.py tests/tuner/conformance/test_conformance_behaviour.py tests/pack/test_backend_seam.py tests/pack/engines tests/conformance
+JAX_TESTS := tests/pack/fusion tests/test_docstring_examples.py tests/pack/test_program_cache.py tests/pack/test_one_time_compiles.py tests/pack/test_pack_unregistered_objects.py tests/pack/test_member_copy_state.py tests/pack/test_gc_freeze.py tests/pack/test_member_build.py tests/pack/test_pack_shared_layers.py tests/pack/test_pack_output.py tests/pack/test_pack_member_errors.py tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/pack/test_pack_slots.py tests/tuner/test_tuner_slots.py tests/tuner/test_slot_executor.py tests/tuner/conformance/test_conformance_results.py tests/tuner/conformance/test_conformance_behaviour.py tests/tuner/test_tuner_pack.py tests/pack/test_backend_seam.py tests/pack/engines tests/conformance
 
 test: $(VENV)/.test
 	$(VENV)/bin/ruff check .

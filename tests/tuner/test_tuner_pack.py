@@ -16,6 +16,7 @@ def _search(tmp_path, name, oracle=None, build=th.build_mlp, callbacks=None, **k
         build,
         oracle=oracle,
         parallel_trials=kwargs.pop("parallel_trials", 4),
+        executor=kwargs.pop("executor", "pack"),
         directory=str(tmp_path),
         project_name=name,
         **kwargs,
