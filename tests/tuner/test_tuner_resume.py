@@ -25,8 +25,9 @@ def _completed_files(project: str) -> dict:
     return files
 
 
-# `make test` (CI) kills the pack executor's search mid-fit and mid-write, and the processes
-# executor's after a trial ended; the pack executor's other two moments run in `make test-all`.
+# `make test` (CI) kills the pack executor's search mid-fit and mid-write, the processes
+# executor's after a trial ended, and the slots executor's mid-fit and after a trial ended;
+# the pack executor's other two moments run in `make test-all`.
 @pytest.mark.parametrize(
     "point, executor",
     [
@@ -35,6 +36,8 @@ def _completed_files(project: str) -> dict:
         pytest.param("created", "pack", marks=pytest.mark.slow),
         ("mid-write", "pack"),
         ("ended", "processes"),
+        ("fit", "slots"),
+        ("ended", "slots"),
     ],
 )
 def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, point, executor):
