@@ -167,12 +167,24 @@ class SlotExecutor(PackExecutor):
             number = self._free[0]
             busy = bool(self._running() or trials or self._alone)
             got = self._feed.next_trials([number], running=busy)
+            if not got and not busy:
+                number, got = self._ask_the_others()
             if not got:
                 break
-            self._free.popleft()
+            self._free.remove(number)
             self._slot_of[got[0].trial_id] = number
             trials.extend(got)
         return trials
+
+    def _ask_the_others(self) -> tuple[int, list]:
+        """With nothing training and no trial for the first free slot number, the other
+        free numbers ask too, each under its own tuner id: a distributed chief ends only
+        once every tuner id it has seen was told the search is over."""
+        for number in list(self._free)[1:]:
+            got = self._feed.next_trials([number], running=True)
+            if got:
+                return number, got
+        return self._free[0], []
 
     def _place(self, trials: list, program: _Program | None = None) -> None:
         """Loads each trial's models into free slots that fit (of `program` only, if given);

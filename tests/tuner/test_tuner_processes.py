@@ -1,5 +1,6 @@
 """ParallelTuner with executor="processes": workers, restarts, and a second launch joining."""
 
+import json
 import logging
 import os
 import socket
@@ -127,13 +128,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("executor", ["processes", "pack"])
+@pytest.mark.parametrize("executor", ["processes", "pack", "slots"])
 def test_a_second_launch_joins_the_chief_as_a_worker(tmp_path, executor):
     """KerasTuner's distributed tuning: a chief, and a worker started with the same script.
 
     With executor="processes" the chief also runs a local worker process; with
     executor="pack" (item 17) the chief only serves, as KerasTuner's does, and the worker
-    runs its trials two at a time as packs.
+    runs its trials two at a time as packs; with executor="slots" the worker streams its
+    trials through two slots of its own.
     """
     port = str(_free_port())
     base = {**os.environ, "KERASTUNER_ORACLE_IP": "127.0.0.1", "KERASTUNER_ORACLE_PORT": port}
@@ -156,3 +158,8 @@ def test_a_second_launch_joins_the_chief_as_a_worker(tmp_path, executor):
     assert {"chief.json", "machine2-worker0.json"} <= set(os.listdir(project))
     if executor == "processes":
         assert "worker0.json" not in os.listdir(project)
+    if executor == "slots":
+        with open(os.path.join(project, "machine2-worker0.json")) as f:
+            paths = json.load(f)["trial_paths"]
+        assert sorted(paths) == sorted(states)
+        assert {path["path"] for path in paths.values()} == {"slot"}, paths
