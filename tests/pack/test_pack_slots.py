@@ -306,6 +306,42 @@ def test_a_slot_pack_takes_other_optimizer_families_and_hyperparameters():
     _assert_same(pack.member(3), neighbour)
 
 
+def _tensorflow_cpu():
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_physical_devices("GPU")
+
+
+@pytest.mark.skipif(
+    not _tensorflow_cpu(), reason="elsewhere XLA (or a GPU) fuses the step's update already"
+)
+def test_a_slot_packs_update_is_compiled_once_with_xla_on_a_tensorflow_cpu():
+    """With `fuse_update` (ParallelTuner's slots executor sets it for long searches), the
+    update of a pack built for slots (every family's rule over every slot) runs on a
+    TensorFlow CPU as one XLA-compiled function inside the traced step, compiled once for
+    the program's life: fits and loads into its slots trace it again neither, and a loaded
+    model trains as it would alone."""
+    x, y = _data()
+    specs = [(0, 8, "relu", "adam"), (1, 16, "tanh", "sgd momentum")]
+    members = [_sized(s, u, a, optimizer=OPTIMIZERS[o]) for s, u, a, o in specs]
+    pack = kg.ModelPack(members, _slot_values=True)
+    pack.compile()
+    assert pack.optimizer.fuse_update is False
+    pack.optimizer.fuse_update = True
+    pack.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    newcomer = _sized(7, 10, "relu", optimizer=OPTIMIZERS["sgd nesterov"])
+    start = newcomer.get_weights()
+    pack.load_member(1, newcomer)
+    pack.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+
+    _, update, _ = pack.optimizer._fused_update.value
+    assert update.experimental_get_tracing_count() == 1
+    reference, _ = _sized_alone(7, 10, "relu", 2, start, optimizer=OPTIMIZERS["sgd nesterov"])
+    _assert_same(pack.member(1), reference)
+
+
 @pytest.mark.parametrize(
     "optimizer, words",
     [
