@@ -126,6 +126,9 @@ class TrialFeed:
         record_ended: `record_ended(path)`: records `path` for every ended trial that has
             none (trials another process ran) and saves the tuner's state. Defaults to
             raising.
+        remaining_trials: `remaining_trials()`: the trials the oracle will still create,
+            or `None` when it cannot tell (Hyperband, a remote chief). Defaults to `None`
+            always.
     """
 
     slots: int
@@ -134,6 +137,7 @@ class TrialFeed:
     remote: bool = False
     one_at_a_time: Callable[[dict, tuple, dict], None] = _not_given
     record_ended: Callable[[dict], None] = _not_given
+    remaining_trials: Callable[[], int | None] = lambda: None
 
 
 class Executor(Protocol):

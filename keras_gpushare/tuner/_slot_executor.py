@@ -20,6 +20,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 import keras
+import numpy as np
 
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome
@@ -35,6 +36,7 @@ from keras_gpushare.tuner._pack_executor import (
     _start_epoch,
 )
 from keras_gpushare.tuner._trial_callbacks import TrialRun, implements_batch_hooks
+from keras_gpushare.tuner._update_payback import expected_steps, fuse_update_pays
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
@@ -275,6 +277,7 @@ class SlotExecutor(PackExecutor):
                 why = f"a program for it could not be built: {_error_line(e)}"
                 self._alone[trial_id] = {"path": "alone", "why": why}
             return
+        fused = self._fuse_update(pack, runs)
         batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
         program = _Program(next(self._numbers), pack, runs, batch_key, batch_hooks)
         idle = [p for p in self._programs if not p.active]
@@ -282,16 +285,42 @@ class SlotExecutor(PackExecutor):
             self._programs.remove(old)
         self._programs.append(program)
         logger.info(
-            "Program %d: trials %s in %d slots (%s engine).",
+            "Program %d: trials %s in %d slots (%s engine)%s.",
             program.number,
             program.opened_for,
             len(runs),
             pack.engine,
+            "; its optimizer update compiled with XLA" if fused else "",
         )
         for index, run in enumerate(runs):
             self._begin(program, index, run)
             why = f"opened program {program.number} with trials {program.opened_for}"
             self._paths[run.trial.trial_id] = _path(program, index, why)
+
+    def _fuse_update(self, pack: ModelPack, runs: list[TrialRun]) -> bool:
+        """Sets the program's optimizer to compile its update with XLA where the search's
+        remaining steps repay it (`_update_payback`); whether it did."""
+        optimizer = pack.optimizer
+        if not getattr(optimizer, "can_fuse_update", False) or pack.jit_compile:
+            return False
+        remaining = self._feed.remaining_trials()
+        trial_epochs = None
+        if remaining is not None:
+            kwargs = self._fit_kwargs
+            per_trial = kwargs.get("epochs", 1) - kwargs.get("initial_epoch", 0)
+            executions = len(runs) / len({run.trial.trial_id for run in runs})
+            trial_epochs = sum(run.last_epoch - run.next_epoch for run in runs)
+            trial_epochs += remaining * executions * per_trial
+        steps = expected_steps(
+            trial_epochs,
+            len(runs),
+            _batch_size(runs[0], self._fit_kwargs),
+            self._fit_args,
+            self._fit_kwargs,
+        )
+        parameters = sum(int(np.prod(w.shape)) for w in pack.trainable_weights)
+        optimizer.fuse_update = fuse_update_pays(steps, parameters)
+        return optimizer.fuse_update
 
     def _begin(self, program: _Program, index: int, run: TrialRun) -> None:
         """The trial execution starts in slot `index`: its callbacks see `on_train_begin`."""

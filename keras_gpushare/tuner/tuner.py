@@ -317,6 +317,7 @@ class ParallelTuner(keras_tuner.Tuner):
                 path, fit_args, fit_kwargs, remote
             ),
             record_ended=self._record_ended,
+            remaining_trials=(lambda: None) if remote else self.oracle.remaining_trials,
         )
 
     def _runs_alone(self) -> str | None:

@@ -104,3 +104,35 @@ def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
         got = outcome.results[0].history
         np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
         assert outcome.results[0].epoch == [0, 1]
+
+
+def test_a_long_search_fuses_its_programs_update_and_trials_still_train_as_alone(tmp_path, caplog):
+    """Where the oracle's remaining trials promise enough steps (`_update_payback`), a
+    TensorFlow CPU program compiles its optimizer update with XLA and says so; its trials
+    train as they would alone. A search of unknown length keeps the plain update."""
+    import logging
+
+    fused = keras.backend.backend() == "tensorflow"
+    if fused:
+        import tensorflow as tf
+
+        fused = not tf.config.list_physical_devices("GPU")
+    for remaining, expected in ((lambda: 10**9, fused), (lambda: None, False)):
+        feed = _Feed()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
+            SlotExecutor(_calls(tmp_path)).run(
+                TrialFeed(2, feed.next_trials, feed.end_trials, remaining_trials=remaining),
+                _data(),
+                dict(FIT),
+            )
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Program 0")]
+        assert said and said[0].endswith(
+            "; its optimizer update compiled with XLA." if expected else "engine)."
+        ), said
+        for trial_id, outcome in feed.outcomes.items():
+            hp = keras_tuner.HyperParameters()
+            hp.Fixed("trial", int(trial_id))
+            alone = _model(hp).fit(*_data(), **FIT).history
+            got = outcome.results[0].history
+            np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
