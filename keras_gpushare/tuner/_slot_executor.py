@@ -140,6 +140,7 @@ class SlotExecutor(PackExecutor):
         self._waiting: list[TrialRun] = []
         self._takes: dict[TrialRun, bool] = {}
         self._free = deque(range(feed.slots))
+        self._over = False
         keras.backend.clear_session()
         while True:
             new = self._ask()
@@ -163,14 +164,20 @@ class SlotExecutor(PackExecutor):
         return sum(len(p.active) for p in self._programs)
 
     def _ask(self) -> list:
-        """A trial for each free slot number the oracle has one for now."""
+        """A trial for each free slot number the oracle has one for now.
+
+        Once no slot number got one with nothing training, the search is over and no slot
+        asks again: a distributed chief exits as soon as each tuner id it has seen was
+        told so, and a later question would wait for a chief that is gone.
+        """
         trials: list = []
-        while self._free:
+        while self._free and not self._over:
             number = self._free[0]
             busy = bool(self._running() or trials or self._alone)
             got = self._feed.next_trials([number], running=busy)
             if not got and not busy:
                 number, got = self._ask_the_others()
+                self._over = not got
             if not got:
                 break
             self._free.remove(number)

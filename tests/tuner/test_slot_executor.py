@@ -54,7 +54,7 @@ class _Feed:
         self.asked, self.outcomes = [], {}
 
     def next_trials(self, slots, running=False):
-        self.asked.append((list(slots), running))
+        self.asked.append((list(slots), running, len(self.outcomes) == len(TRIALS)))
         return [self.waiting.pop(0)] if self.waiting else []
 
     def end_trials(self, trials, outcomes):
@@ -94,8 +94,13 @@ def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
     assert {p["program"] for p in paths.values()} == {"0"}, paths
     assert all(p["why"].startswith("loaded into slot") for k, p in paths.items() if k >= "02")
     # A slot is asked for while the other trains (`running`), one slot number at a time.
-    assert any(running for _, running in feed.asked)
-    assert all(len(slots) == 1 for slots, _ in feed.asked)
+    assert any(running for _, running, _ in feed.asked)
+    assert all(len(slots) == 1 for slots, _, _ in feed.asked)
+    # Once every trial has ended, each slot number is told the search is over once, and
+    # none asks again: a distributed chief exits when each tuner id was told (CI once
+    # hung for the worker's next question to a chief that was gone).
+    after_the_end = [slots[0] for slots, _, ended in feed.asked if ended]
+    assert sorted(after_the_end) == [0, 1], feed.asked
     for trial_id, outcome in feed.outcomes.items():
         assert outcome.error is None
         hp = keras_tuner.HyperParameters()
