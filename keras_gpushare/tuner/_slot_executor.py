@@ -166,14 +166,16 @@ class SlotExecutor(PackExecutor):
     def _ask(self) -> list:
         """A trial for each free slot number the oracle has one for now.
 
-        Once no slot number got one with nothing training, the search is over and no slot
-        asks again: a distributed chief exits as soon as each tuner id it has seen was
-        told so, and a later question would wait for a chief that is gone.
+        The oracle is busy while any trial it gave is not ended: training, waiting for a
+        program, or waiting to train alone (a trial ends only through `_end`, which lets go
+        of its slot number). Once no slot number got a trial with none busy, the search is
+        over and no slot asks again: a distributed chief exits as soon as each tuner id it
+        has seen was told so, and a later question would wait for a chief that is gone.
         """
         trials: list = []
         while self._free and not self._over:
             number = self._free[0]
-            busy = bool(self._running() or trials or self._alone)
+            busy = bool(self._slot_of)
             got = self._feed.next_trials([number], running=busy)
             if not got and not busy:
                 number, got = self._ask_the_others()

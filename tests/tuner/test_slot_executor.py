@@ -18,6 +18,7 @@ from keras_gpushare.tuner._slot_executor import SlotExecutor
 FIT = dict(epochs=2, batch_size=16, shuffle=False, verbose=0)
 # (units, hidden layers, learning rate): trials 2-4 differ from the first two in every one.
 TRIALS = [(8, 2, 1e-2), (6, 1, 5e-3), (4, 1, 2e-2), (8, 2, 3e-3), (3, 2, 1e-2)]
+WIDE = (16, 1, 1e-2)  # wider than the slots of a program opened for trials 0 and 1
 
 
 @dataclasses.dataclass
@@ -27,7 +28,7 @@ class _Trial:
 
 
 def _model(hp) -> keras.Model:
-    units, hidden, rate = TRIALS[hp.get("trial")]
+    units, hidden, rate = [*TRIALS, WIDE][hp.get("trial")]
     keras.utils.set_random_seed(hp.get("trial"))
     layers = [keras.Input((5,))]
     layers += [keras.layers.Dense(units, activation="tanh") for _ in range(hidden)]
@@ -43,19 +44,28 @@ def _data():
 
 
 class _Feed:
-    """Hands out the trials one slot number at a time; records what was asked and ended."""
+    """Hands out the trials one slot number at a time; records what was asked and ended.
 
-    def __init__(self):
+    With `in_turn`, a trial after the first two is handed out only once every earlier one
+    has ended, as GridSearch answers IDLE until its open trials end.
+    """
+
+    def __init__(self, trials=None, in_turn=False):
         self.waiting = []
-        for i in range(len(TRIALS)):
+        for i in range(len(TRIALS)) if trials is None else trials:
             hp = keras_tuner.HyperParameters()
             hp.Fixed("trial", i)
             self.waiting.append(_Trial(f"{i:02d}", hp))
+        self.total, self.in_turn = len(self.waiting), in_turn
         self.asked, self.outcomes = [], {}
 
     def next_trials(self, slots, running=False):
-        self.asked.append((list(slots), running, len(self.outcomes) == len(TRIALS)))
-        return [self.waiting.pop(0)] if self.waiting else []
+        handed = self.total - len(self.waiting)
+        open_ = handed - len(self.outcomes)
+        self.asked.append((list(slots), running, open_, len(self.outcomes) == self.total))
+        if not self.waiting or (self.in_turn and handed >= 2 and open_):
+            return []
+        return [self.waiting.pop(0)]
 
     def end_trials(self, trials, outcomes):
         self.outcomes.update(outcomes)
@@ -94,12 +104,15 @@ def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
     assert {p["program"] for p in paths.values()} == {"0"}, paths
     assert all(p["why"].startswith("loaded into slot") for k, p in paths.items() if k >= "02")
     # A slot is asked for while the other trains (`running`), one slot number at a time.
-    assert any(running for _, running, _ in feed.asked)
-    assert all(len(slots) == 1 for slots, _, _ in feed.asked)
+    assert any(running for _, running, _, _ in feed.asked)
+    assert all(len(slots) == 1 for slots, _, _, _ in feed.asked)
+    # `running=False` (to a local oracle: an IDLE answer ends the search) only while no
+    # trial it gave is open (GridSearch answers IDLE until its open trials end).
+    assert all(running or not open_ for _, running, open_, _ in feed.asked), feed.asked
     # Once every trial has ended, each slot number is told the search is over once, and
     # none asks again: a distributed chief exits when each tuner id was told (CI once
     # hung for the worker's next question to a chief that was gone).
-    after_the_end = [slots[0] for slots, _, ended in feed.asked if ended]
+    after_the_end = [slots[0] for slots, _, _, over in feed.asked if over]
     assert sorted(after_the_end) == [0, 1], feed.asked
     for trial_id, outcome in feed.outcomes.items():
         assert outcome.error is None
@@ -109,6 +122,23 @@ def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
         got = outcome.results[0].history
         np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
         assert outcome.results[0].epoch == [0, 1]
+
+
+def test_a_trial_waiting_for_a_program_keeps_the_oracle_busy(tmp_path):
+    """Trials 0 and 1 end together; the next trial is too wide for their program and waits
+    for one of its own, while the oracle holds the last trial until it ends (GridSearch).
+    The oracle is asked with `running=True` meanwhile, so the search goes on to the end."""
+    feed = _Feed(trials=[0, 1, len(TRIALS), 2], in_turn=True)
+    SlotExecutor(_calls(tmp_path)).run(
+        TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT)
+    )
+
+    assert sorted(feed.outcomes) == ["00", "01", "02", f"{len(TRIALS):02d}"], feed.asked
+    assert all(running or not open_ for _, running, open_, _ in feed.asked), feed.asked
+    paths = {k: o.path for k, o in feed.outcomes.items()}
+    assert paths[f"{len(TRIALS):02d}"]["program"] == "1", paths
+    for trial_id, outcome in feed.outcomes.items():
+        assert outcome.error is None, trial_id
 
 
 def test_a_long_search_fuses_its_programs_update_and_trials_still_train_as_alone(tmp_path, caplog):
