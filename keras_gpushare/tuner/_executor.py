@@ -113,8 +113,9 @@ class TrialFeed:
             slot number in `slots` and returns those to run, each begun (`on_trial_begin`);
             waits while a remote chief has none yet; an empty list when the search is over
             (asked again then, a remote chief that has told each slot may be gone, and the
-            call waits for it), or, with `running=True` (the executor has trials training),
-            when the oracle has none until one of them ends.
+            call waits for it), or, with `running=True` (some trial it gave the executor is
+            not ended yet: training, or waiting to), when the oracle has none until one of
+            them ends.
         end_trials: `end_trials(trials, outcomes)`: reports each trial's `TrialOutcome`
             (`{trial_id: outcome}`) to the oracle and ends it, as KerasTuner would; raises
             a `keras_tuner.errors.FatalError` (or the oracle's error) once all are ended.

@@ -375,7 +375,8 @@ class ParallelTuner(keras_tuner.Tuner):
 
         While the oracle answers IDLE, a remote worker waits (its chief's other workers end
         trials); this process's own search ends, as no trial end can change the answer,
-        unless some of its trials are `running` (then `[]` means: none until one ends).
+        unless some of its trials are `running` (begun and not ended, whether training or
+        waiting to; then `[]` means: none until one ends).
         """
         tuner_ids = [f"{self.tuner_id}-{i}" for i in slots]
         while True:

@@ -128,15 +128,16 @@ def test_a_trial_waiting_for_a_program_keeps_the_oracle_busy(tmp_path):
     """Trials 0 and 1 end together; the next trial is too wide for their program and waits
     for one of its own, while the oracle holds the last trial until it ends (GridSearch).
     The oracle is asked with `running=True` meanwhile, so the search goes on to the end."""
-    feed = _Feed(trials=[0, 1, len(TRIALS), 2], in_turn=True)
+    wide = len(TRIALS)
+    feed = _Feed(trials=[0, 1, wide, 2], in_turn=True)
     SlotExecutor(_calls(tmp_path)).run(
         TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT)
     )
 
-    assert sorted(feed.outcomes) == ["00", "01", "02", f"{len(TRIALS):02d}"], feed.asked
+    assert sorted(feed.outcomes) == ["00", "01", "02", f"{wide:02d}"], feed.asked
     assert all(running or not open_ for _, running, open_, _ in feed.asked), feed.asked
     paths = {k: o.path for k, o in feed.outcomes.items()}
-    assert paths[f"{len(TRIALS):02d}"]["program"] == "1", paths
+    assert paths[f"{wide:02d}"]["program"] == "1", paths
     for trial_id, outcome in feed.outcomes.items():
         assert outcome.error is None, trial_id
 
