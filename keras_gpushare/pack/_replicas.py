@@ -54,12 +54,13 @@ def multi_worker_logs(logs: dict) -> dict:
 
     Under `MultiWorkerMirroredStrategy` Keras averages each log over all replicas with
     `strategy.reduce("MEAN", value, axis=0)`, which fails for a scalar; a one-element
-    vector gives the same mean, as a scalar, on every worker. Elsewhere nothing changes.
+    vector gives the same mean, as a scalar, on every worker (and a `(1, k)` stacked figure
+    its `(k,)` mean). Elsewhere nothing changes.
     """
     context = replica_context()
     if context is None or not _upstream.in_multi_worker_mode(context.strategy):
         return logs
-    return {key: ops.reshape(value, (1,)) for key, value in logs.items()}
+    return {key: ops.expand_dims(value, 0) for key, value in logs.items()}
 
 
 def run_where(

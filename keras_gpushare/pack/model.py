@@ -18,6 +18,7 @@ from keras_gpushare.pack import (
     _compile_args,
     _compile_policy,
     _fit_args,
+    _logs,
     _member_loss,
     _optimizer_choice,
     _replicas,
@@ -29,7 +30,6 @@ from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._gc_freeze import OldObjectsFrozen
 from keras_gpushare.pack._jit_policy import JitPolicy
-from keras_gpushare.pack._logs import pack_logs
 from keras_gpushare.pack._member_access import MemberAccess
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack._summary import member_params, member_places, pack_summary
@@ -533,7 +533,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
     @property
     def metrics_names(self) -> list[str]:
         """The names of the pack's figures, in the order `evaluate` returns them."""
-        return list(self._logs())
+        return list(self._expanded(self._logs()))
 
     # Steps -------------------------------------------------------------------------------
 
@@ -543,8 +543,25 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         fresh = force or self.train_function is None
         super().make_train_function(force)
         if fresh:
-            self.train_function: Any = _batch_calls.keeping_failed_steps(self, self.train_function)
+            function = _batch_calls.keeping_failed_steps(self, self.train_function)
+            self.train_function: Any = self._returning_member_logs(function)
         return self.train_function
+
+    def make_test_function(self, force: bool = False) -> Any:
+        """Keras's test function, returning the pack's `m{i}_` logs."""
+        fresh = force or self.test_function is None
+        super().make_test_function(force)
+        if fresh:
+            self.test_function: Any = self._returning_member_logs(self.test_function)
+        return self.test_function
+
+    def _returning_member_logs(self, function: Any) -> Any:
+        """`function` with the step's stacked logs expanded where its call returns."""
+
+        def layout() -> tuple:
+            return [engine.member_ids for engine in self._engines], len(self._members)
+
+        return _logs.expanding(function, layout, BACKEND.stateless_steps)
 
     def train_step(self, *args: Any) -> Any:
         return _replicas.multi_worker_logs(super().train_step(*args))
@@ -586,8 +603,12 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         return self._logs()
 
     def _logs(self) -> dict:
-        groups = [(engine.member_ids, engine.figures()) for engine in self._engines]
-        return pack_logs(groups, len(self._members))
+        """The step's logs, each group's figures stacked (see `_logs.step_logs`)."""
+        return _logs.step_logs([(engine.member_ids, engine.figures()) for engine in self._engines])
+
+    def _expanded(self, logs: dict) -> dict:
+        member_ids = [engine.member_ids for engine in self._engines]
+        return _logs.expanded(logs, member_ids, len(self._members))
 
     # Fit / predict -----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from keras_gpushare.pack import _replicas, _slots
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
+from keras_gpushare.pack.engines._stacked_metric import StackedMetric, stacks
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
 from keras_gpushare.pack.fusion.base import host_zeros
@@ -212,7 +213,7 @@ class FusedEngine(GradientEngine):
         # The last model asked about by `_by_values`, and the answer.
         self._last_by_values: tuple | None = None
         self.loss_state = StackedMean(len(self.members), name="member_loss")
-        self.metric_states: dict[str, StackedMean] = {}
+        self.metric_states: dict[str, StackedMean | StackedMetric] = {}
         self._one_loss = None
 
     def keras_objects(self) -> list:
@@ -428,10 +429,11 @@ class FusedEngine(GradientEngine):
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.
 
-        Unweighted mean-of-a-function metrics (accuracy, MAE, ...) that every member has
-        alike, on single-output members with shared labels, are computed for all members at
-        once on the stacked predictions into stacked state (they ignore sample weights, as
-        Keras's `metrics=` do); other metrics member by member.
+        Unweighted metrics that every member has alike, on single-output members with shared
+        labels, are computed for all members at once on the stacked predictions into stacked
+        state (they ignore sample weights, as Keras's `metrics=` do): means of a function
+        (accuracy, MAE, top-k, ...) and the confusion-matrix metrics (AUC, precision,
+        recall, ...: `StackedMetric`). Other metrics are computed member by member.
         """
         targets = self._targets(y, sample_weight)
         compiled_metrics = [_upstream.compile_metrics(member) for member in self.members]
@@ -468,7 +470,8 @@ class FusedEngine(GradientEngine):
         columns = []
         for k, first in enumerate(per_member[0]):
             column = [m[k] for m in per_member]
-            if not isinstance(first, keras.metrics.MeanMetricWrapper) or any(
+            stacked = isinstance(first, keras.metrics.MeanMetricWrapper) or stacks(first)
+            if not stacked or any(
                 type(m) is not type(first) or m.get_config() != first.get_config() for m in column
             ):
                 return None
@@ -477,23 +480,29 @@ class FusedEngine(GradientEngine):
 
     def _update_shared_metrics(self, columns: list, y: Any, y_pred: Any) -> None:
         stacked = _stacked(y_pred)
-        y = tree.flatten(y)[0]
-        y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
+        labels = tree.flatten(y)[0]
+        y = ops.broadcast_to(ops.expand_dims(labels, 0), (stacked.shape[0], *ops.shape(labels)))
         for column in columns:
             first = column[0]
+            state = self._metric_state(first)
+            if isinstance(state, StackedMetric):
+                state.update_state(labels, stacked)
+                continue
             fn, fn_kwargs = _upstream.wrapped_metric_function(first)
             values = ops.cast(fn(y, stacked, **fn_kwargs), "float32")
             axes = tuple(range(1, len(values.shape)))
             count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
-            state = self._metric_state(first.name)
             state.update_state(ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count)
 
-    def _metric_state(self, name: str) -> StackedMean:
-        """The stacked state of the shared metric `name`, made on first use."""
-        state = self.metric_states.get(name)
+    def _metric_state(self, metric: keras.metrics.Metric) -> StackedMean | StackedMetric:
+        """The stacked state of the shared metric `metric` (member 0's), made on first use."""
+        state = self.metric_states.get(metric.name)
         if state is None:
-            state = StackedMean(len(self.members), name=f"member_{name}")
-            self.metric_states[name] = state
+            if isinstance(metric, keras.metrics.MeanMetricWrapper):
+                state = StackedMean(len(self.members), name=f"member_{metric.name}")
+            else:
+                state = StackedMetric(metric, len(self.members))
+            self.metric_states[metric.name] = state
         return state
 
     def build_metric_states(self, y: Any) -> None:
@@ -503,7 +512,7 @@ class FusedEngine(GradientEngine):
         strategy variables must exist before the step runs on the replicas.
         """
         for column in self._shared_metric_columns(y) or []:
-            self._metric_state(column[0].name)
+            self._metric_state(column[0])
 
     def figures(self) -> GroupFigures:
         """The stacked loss and shared metrics as they are; other metrics member by member."""

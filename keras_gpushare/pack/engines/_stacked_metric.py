@@ -1,0 +1,82 @@
+"""One stateful Keras metric for N members at once, its state stacked on a member axis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_gpushare.pack.fusion.base import host_zeros
+
+# Metrics whose state starts at zero and whose update and result map over a member axis
+# exactly (`ops.vectorized_map` of their stateless methods): the confusion-matrix family.
+STACKABLE = (
+    keras.metrics.AUC,
+    keras.metrics.Precision,
+    keras.metrics.Recall,
+    keras.metrics.PrecisionAtRecall,
+    keras.metrics.RecallAtPrecision,
+    keras.metrics.SensitivityAtSpecificity,
+    keras.metrics.SpecificityAtSensitivity,
+    keras.metrics.TruePositives,
+    keras.metrics.FalsePositives,
+    keras.metrics.TrueNegatives,
+    keras.metrics.FalseNegatives,
+)
+
+
+class StackedMetric(keras.metrics.Metric):
+    """`template`'s metric for N members: each variable gains a leading member axis.
+
+    One update on the stacked predictions `(N, B, ...)` updates every member's state (the
+    template's own update, mapped over the members), instead of N metric updates in the
+    step; `result()` is the `(N,)` vector of the members' results. The template's own
+    variables are never touched.
+
+    Args:
+        template: one member's metric (every member's is alike); one of `STACKABLE`.
+        n_members: the number of members.
+    """
+
+    def __init__(self, template: keras.metrics.Metric, n_members: int, **kwargs: Any) -> None:
+        super().__init__(name=f"member_{template.name}", **kwargs)
+        # Not tracked: the template's own variables are no part of this metric's state.
+        object.__setattr__(self, "template", template)
+        self.n_members = n_members
+        self.stacked = [
+            self.add_variable(
+                (n_members, *v.shape), initializer=host_zeros, dtype=v.dtype, name=v.name
+            )
+            for v in template.variables
+        ]
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """`y_true` as one member's labels, `y_pred` stacked `(N, B, ...)`."""
+
+        def one(args: Any) -> Any:
+            values, pred = args
+            return self.template.stateless_update_state(list(values), y_true, pred)
+
+        values = [ops.convert_to_tensor(v) for v in self.stacked]
+        new = ops.vectorized_map(one, (values, y_pred))
+        for variable, value in zip(self.stacked, new):
+            variable.assign(value)
+
+    def result(self) -> Any:
+        values = [ops.convert_to_tensor(v) for v in self.stacked]
+        return ops.vectorized_map(lambda v: self.template.stateless_result(list(v)), values)
+
+    def reset_member(self, j: int) -> None:
+        """Zeroes member j's state, leaving the others'."""
+        for variable in self.stacked:
+            values = np.array(ops.convert_to_numpy(variable))
+            values[j] = 0
+            variable.assign(values)
+
+
+def stacks(metric: keras.metrics.Metric) -> bool:
+    """Whether `metric` can be one of a `StackedMetric`'s members: one of `STACKABLE`
+    exactly (not a subclass, whose update may differ) with a single-number result."""
+    return type(metric) in STACKABLE and len(ops.shape(metric.result())) == 0

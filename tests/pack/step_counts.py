@@ -1,0 +1,186 @@
+"""What a fused pack's compiled training step holds, counted: XLA fusions and TF graph ops.
+
+On a GPU a small model's step costs its kernel launches, so a step whose count grows with
+the member count is slow at any N. `step_counts(config, n)` builds a pack of `n` members of
+one of `CONFIGS` (the common compile settings), trains it one batch and counts:
+
+- `fusions`: the XLA fusions of the optimized step (JAX; TensorFlow with `jit_compile=True`);
+- `graph_ops`: the operations of the traced TensorFlow step, function library included.
+
+Run as a script to print the table: `python tests/pack/step_counts.py 1 16 256`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import keras
+import numpy as np
+
+import keras_gpushare as kg
+
+BATCH = 16
+
+
+def _dense(widths, outputs, activation):
+    def build(i):
+        inputs = keras.Input((6,))
+        h = keras.layers.Dense(widths[i % len(widths)], activation="relu")(inputs)
+        if outputs == 1:
+            return keras.Model(inputs, keras.layers.Dense(*activation)(h))
+        a = keras.layers.Dense(*activation, name="a")(h)
+        b = keras.layers.Dense(2, name="b")(h)
+        return keras.Model(inputs, [a, b])
+
+    return build
+
+
+def _data(config, rng):
+    x = rng.normal(size=(BATCH * 2, 6)).astype("float32")
+    kind = config["labels"]
+    if kind == "binary":
+        y = (rng.random((len(x), 1)) > 0.5).astype("float32")
+    elif kind == "sparse":
+        y = rng.integers(0, 10, size=(len(x),)).astype("int32")
+    elif kind == "onehot":
+        y = np.eye(10, dtype="float32")[rng.integers(0, 10, size=len(x))]
+    else:
+        y = rng.normal(size=(len(x), 1)).astype("float32")
+    if config.get("two_outputs"):
+        y = (y, rng.normal(size=(len(x), 2)).astype("float32"))
+    return x, y
+
+
+# The common compile settings the issue names: losses, metrics, weights, two outputs.
+CONFIGS = {
+    # The seeds' MLP: 10-64-32-1, Adam, binary cross-entropy, accuracy.
+    "seeds": {
+        "build": lambda i: keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(1, activation="sigmoid"),
+            ]
+        ),
+        "labels": "binary",
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy"],
+        },
+    },
+    "binary": {
+        "build": _dense([8, 12], 1, (1, "sigmoid")),
+        "labels": "binary",
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy", keras.metrics.AUC(), keras.metrics.Precision()],
+        },
+        "sample_weight": True,
+    },
+    "sparse": {
+        "build": _dense([8, 12, 16, 20], 1, (10, "softmax")),
+        "labels": "sparse",
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "sparse_categorical_crossentropy",
+            "metrics": ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=3)],
+        },
+        "class_weight": True,
+    },
+    "categorical": {
+        "build": _dense([8, 12], 1, (10, "softmax")),
+        "labels": "onehot",
+        "compile": lambda: {
+            "optimizer": "sgd",
+            "loss": "categorical_crossentropy",
+            "metrics": ["accuracy"],
+        },
+    },
+    "regression": {
+        "build": _dense([8, 12], 1, (1,)),
+        "labels": "real",
+        "compile": lambda: {"optimizer": "adam", "loss": "mse", "metrics": ["mae"]},
+        "sample_weight": True,
+    },
+    "two_outputs": {
+        "build": _dense([8, 12], 2, (1,)),
+        "labels": "real",
+        "two_outputs": True,
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": {"a": "mse", "b": "mae"},
+            "metrics": {"a": ["mae"]},
+        },
+    },
+}
+
+
+def fit_one_batch(config: dict, n: int, jit_compile: bool):
+    """A pack of `n` members of `config`, compiled and trained on one batch."""
+    rng = np.random.default_rng(0)
+    x, y = _data(config, rng)
+    keras.utils.set_random_seed(0)
+    pack = kg.ModelPack.from_builder(config["build"], n=n, fuse=True)
+    pack.compile(**config["compile"](), jit_compile=jit_compile)
+    kwargs = {}
+    sample_weight = None
+    if config.get("sample_weight"):
+        sample_weight = rng.random(len(x)).astype("float32")
+        kwargs["sample_weight"] = sample_weight
+    if config.get("class_weight"):
+        kwargs["class_weight"] = {c: 1.0 + 0.1 * c for c in range(10)}
+    pack.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=1, verbose=0, **kwargs)
+    return pack, x, y, sample_weight
+
+
+def _batch(x, y, sample_weight):
+    return (x[:BATCH], keras.tree.map_structure(lambda a: a[:BATCH], y)) + (
+        () if sample_weight is None else (sample_weight[:BATCH],)
+    )
+
+
+def fusions(hlo_text: str) -> int:
+    """The fusions of an optimized HLO module's text."""
+    return len(re.findall(r"\sfusion\(", hlo_text))
+
+
+def step_counts(name: str, n: int) -> dict:
+    """The counts of one pack's training step (see the module docstring)."""
+    config = CONFIGS[name]
+    backend = keras.backend.backend()
+    result = {}
+    if backend == "jax":
+        import jax
+
+        pack, x, y, sample_weight = fit_one_batch(config, n, jit_compile=True)
+        state = (
+            [v.value for v in pack.trainable_variables],
+            [v.value for v in pack.non_trainable_variables],
+            [v.value for v in pack.optimizer.variables],
+            [v.value for v in pack.metrics_variables],
+        )
+        data = _batch(x, y, sample_weight)
+        text = jax.jit(pack.train_step).lower(state, data).compile().as_text()
+        result["fusions"] = fusions(text)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        pack, x, y, sample_weight = fit_one_batch(config, n, jit_compile=False)
+        data = tf.nest.map_structure(tf.constant, _batch(x, y, sample_weight))
+        graph = tf.function(pack.train_step).get_concrete_function(data).graph.as_graph_def()
+        result["graph_ops"] = len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+        xla = tf.function(pack.train_step, jit_compile=True)
+        result["fusions"] = fusions(xla.experimental_get_compiler_ir(data)(stage="optimized_hlo"))
+    return result
+
+
+if __name__ == "__main__":
+    names = [a for a in sys.argv[1:] if a in CONFIGS] or list(CONFIGS)
+    sizes = [int(a) for a in sys.argv[1:] if a.isdigit()] or [1, 16, 256]
+    for config_name in names:
+        counts = {n: step_counts(config_name, n) for n in sizes}
+        print(config_name, counts, flush=True)  # noqa: T201
