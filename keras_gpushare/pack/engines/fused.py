@@ -215,6 +215,10 @@ class FusedEngine(GradientEngine):
         self.loss_state = StackedMean(len(self.members), name="member_loss")
         self.metric_states: dict[str, StackedMean | StackedMetric] = {}
         self._one_loss = None
+        # Whether the members' compiled metrics are all computed stacked (`metric_states`):
+        # their own metric variables then stay out of the step (on JAX each would be two
+        # buffers a call, in and out).
+        self._metrics_stacked = False
 
     def keras_objects(self) -> list:
         return [self.fused]
@@ -224,7 +228,7 @@ class FusedEngine(GradientEngine):
         result = [self.loss_state, *self.metric_states.values()]
         for member in self.members:
             compiled_metrics = _upstream.compile_metrics(member)
-            if compiled_metrics is not None:
+            if compiled_metrics is not None and not self._metrics_stacked:
                 result.append(compiled_metrics)
             compiled_loss = _upstream.compile_loss(member)
             if compiled_loss is not None:
@@ -447,6 +451,13 @@ class FusedEngine(GradientEngine):
         if columns is not None:
             self._update_shared_metrics(columns, y, y_pred)
             return
+        if self._metrics_stacked:
+            raise ValueError(
+                "This ModelPack computes its members' metrics stacked, as the labels it was "
+                "first trained or evaluated with were shared by every member; now the labels "
+                "differ per member. Pass labels the same way to every `fit` and `evaluate` of "
+                "a pack, or build a new ModelPack for the other layout."
+            )
         if member_preds is None:
             member_preds = self.member_outputs(y_pred)
         for compiled, (yj, swj), pred in zip(compiled_metrics, targets, member_preds):
@@ -511,8 +522,11 @@ class FusedEngine(GradientEngine):
         Without a strategy the first trace of the step may make it; under a `tf.distribute`
         strategy variables must exist before the step runs on the replicas.
         """
-        for column in self._shared_metric_columns(y) or []:
+        columns = self._shared_metric_columns(y)
+        for column in columns or []:
             self._metric_state(column[0])
+        # Once stacked, always: the figures are read from the stacked state from then on.
+        self._metrics_stacked = self._metrics_stacked or (y is not None and bool(columns))
 
     def figures(self) -> GroupFigures:
         """The stacked loss and shared metrics as they are; other metrics member by member."""
