@@ -82,13 +82,13 @@ def expanded(logs: dict, member_ids: Sequence[Sequence[int]], n_members: int) ->
 
 
 def expanding(
-    function: Callable[..., Any], layout: Callable[[], tuple], stateless: bool
+    function: Callable[..., Any], expand: Callable[[dict], dict], stateless: bool
 ) -> Callable[..., Any]:
     """`function` (Keras's training or test function), returning the pack's logs.
 
     Args:
         function: returns `step_logs`'s logs, or `(logs, state)` when `stateless`.
-        layout: returns `(member_ids of each group, member count)` at call time.
+        expand: turns those logs into the pack's (`expanded` with the pack's layout).
         stateless: whether `function` takes and returns the variables' state (JAX).
     """
 
@@ -96,7 +96,7 @@ def expanding(
         result = function(*args, **kwargs)
         if stateless:
             logs, state = result
-            return expanded(logs, *layout()), state
-        return expanded(result, *layout())
+            return expand(logs), state
+        return expand(result)
 
     return call

@@ -557,11 +557,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     def _returning_member_logs(self, function: Any) -> Any:
         """`function` with the step's stacked logs expanded where its call returns."""
-
-        def layout() -> tuple:
-            return [engine.member_ids for engine in self._engines], len(self._members)
-
-        return _logs.expanding(function, layout, BACKEND.stateless_steps)
+        return _logs.expanding(function, self._expanded, BACKEND.stateless_steps)
 
     def train_step(self, *args: Any) -> Any:
         return _replicas.multi_worker_logs(super().train_step(*args))
@@ -607,6 +603,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         return _logs.step_logs([(engine.member_ids, engine.figures()) for engine in self._engines])
 
     def _expanded(self, logs: dict) -> dict:
+        """The pack's `m{i}_` logs from the step's (see `_logs.expanded`)."""
         member_ids = [engine.member_ids for engine in self._engines]
         return _logs.expanded(logs, member_ids, len(self._members))
 
