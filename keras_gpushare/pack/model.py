@@ -539,20 +539,28 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     def make_train_function(self, force: bool = False) -> Any:
         """Keras's training function, leaving a call whose data raises as plain `fit`
-        leaves it (see `_batch_calls.keeping_failed_steps`)."""
+        leaves it (see `_batch_calls.keeping_failed_steps`); on JAX a call of several
+        batches is one device loop (`_device_loop`)."""
         fresh = force or self.train_function is None
         super().make_train_function(force)
         if fresh:
-            function = _batch_calls.keeping_failed_steps(self, self.train_function)
+            loop = _jax_device_loop(self, self.train_step, keep_failed=True)
+            if loop is not None:
+                function = loop
+            else:
+                function = _batch_calls.keeping_failed_steps(self, self.train_function)
             self.train_function: Any = self._returning_member_logs(function)
         return self.train_function
 
     def make_test_function(self, force: bool = False) -> Any:
-        """Keras's test function, returning the pack's `m{i}_` logs."""
+        """Keras's test function, returning the pack's `m{i}_` logs (on JAX, a call of
+        several batches is one device loop)."""
         fresh = force or self.test_function is None
         super().make_test_function(force)
         if fresh:
-            self.test_function: Any = self._returning_member_logs(self.test_function)
+            loop = _jax_device_loop(self, self.test_step, keep_failed=False)
+            function = self.test_function if loop is None else loop
+            self.test_function: Any = self._returning_member_logs(function)
         return self.test_function
 
     def _returning_member_logs(self, function: Any) -> Any:
@@ -714,3 +722,14 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
     def from_config(cls, config: dict) -> ModelPack:
         # The saved weights have the saved plan's layout: rebuild exactly that plan.
         return cls(**_saving.init_arguments(config))
+
+
+def _jax_device_loop(pack: ModelPack, step: Any, keep_failed: bool) -> Any:
+    """`_device_loop.function` for `pack` where it applies (JAX), else `None`."""
+    if not BACKEND.stateless_steps:
+        return None
+    from keras_gpushare.pack import _device_loop  # imports JAX
+
+    if not _device_loop.applies(pack):
+        return None
+    return _device_loop.function(pack, step, keep_failed)
