@@ -580,6 +580,12 @@ def trial_dir(oracle: Any, trial_id: str) -> str:
     return oracle._get_trial_dir(trial_id)
 
 
+def random_unseen_values(oracle: Any) -> dict | None:
+    """Values of the oracle's space drawn at random, none it handed out before (`None`:
+    the space is exhausted): `_random_values`."""
+    return oracle._random_values()
+
+
 def replace_save_trial(oracle: Any, save: Callable[[Any], None]) -> None:
     """Makes the oracle write `trial.json` files with `save(trial)`: `_save_trial`."""
     oracle._save_trial = save

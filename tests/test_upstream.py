@@ -748,6 +748,7 @@ def test_kt_release_oracle_lock(kt):
     "oracle_file",
     "trial_dir",
     "replace_save_trial",
+    "random_unseen_values",
 )
 def test_kt_oracle_internals(kt, tmp_path):
     oracle = kt.oracles.RandomSearchOracle(objective="loss", max_trials=2)
@@ -768,6 +769,12 @@ def test_kt_oracle_internals(kt, tmp_path):
     assert _upstream.retry_queue(oracle) == []
     _upstream.set_retry_queue(oracle, [trial.trial_id])
     assert _upstream.retry_queue(oracle) == [trial.trial_id]
+    space = kt.HyperParameters()
+    space.Choice("units", [4, 8])
+    oracle = kt.oracles.RandomSearchOracle(objective="loss", max_trials=5, hyperparameters=space)
+    _upstream.set_oracle_project_dir(oracle, str(tmp_path), "q")
+    drawn = oracle.create_trial("tuner0").hyperparameters.values["units"]
+    assert _upstream.random_unseen_values(oracle) == {"units": 12 - drawn}
 
 
 @covers(

@@ -112,9 +112,12 @@ def plan_engines(
         reasons = "; ".join(f"member {i}: {plan.reasons[i]}" for i in plan.graph)
         raise ValueError(f"Invalid value for argument `fuse`: True, but {reasons}\n{plan}")
     if plan.graph and not BACKEND.graph_engine:
+        first = plan.graph[0]
+        others = f" (and members {', '.join(map(str, plan.graph[1:]))})" if plan.graph[1:] else ""
         raise ValueError(
-            "The graph engine needs the TensorFlow backend (KERAS_BACKEND is "
-            f"{BACKEND.name!r}); on other backends every member must fuse.\n{plan}"
+            f"Member {first}{others} cannot fuse: {plan.reasons[first]} On the "
+            f"{BACKEND.name!r} backend every member must fuse (the graph engine, which trains "
+            f"members that do not, needs the TensorFlow backend).\n{plan}"
         )
     return plan
 

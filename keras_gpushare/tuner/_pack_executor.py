@@ -152,7 +152,7 @@ def _in_trials(text: str, runs: list[TrialRun]) -> str:
     def names(match: re.Match) -> str:
         return ", ".join(name(int(i)) for i in match.group(1).split(", "))
 
-    return re.sub(r"\bmembers? (\d+(?:, \d+)*)", names, text)
+    return re.sub(r"\b[Mm]embers? (\d+(?:, \d+)*)", names, text)
 
 
 def _pack_path(pack: ModelPack, runs: list[TrialRun], trial_id: str, label: str) -> dict[str, str]:

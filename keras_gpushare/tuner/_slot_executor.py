@@ -29,6 +29,7 @@ from keras_gpushare.tuner._pack_executor import (
     _batch_size,
     _compile_args,
     _error_line,
+    _in_trials,
     _not_trained,
     _own_training,
     _prepare,
@@ -141,6 +142,7 @@ class SlotExecutor(PackExecutor):
         self._takes: dict[TrialRun, bool] = {}
         self._free = deque(range(feed.slots))
         self._over = False
+        self._stopped_by: Exception | None = None
         keras.backend.clear_session()
         while True:
             new = self._ask()
@@ -152,6 +154,8 @@ class SlotExecutor(PackExecutor):
                 ran_alone = bool(self._alone)
                 self._run_waiting_alone()
                 if not new and not ran_alone:
+                    if self._stopped_by is not None:
+                        raise self._stopped_by
                     return
                 continue
             for program in list(self._programs):
@@ -224,6 +228,7 @@ class SlotExecutor(PackExecutor):
         waiting, self._waiting = self._waiting, []
         by_batch: dict[str, list[TrialRun]] = defaultdict(list)
         training = self._running() > 0
+        not_taken: dict[str, str] = {}
         for run in waiting:
             if self._load(run, self._programs):
                 continue
@@ -231,8 +236,24 @@ class SlotExecutor(PackExecutor):
                 self._waiting.append(run)
             else:
                 by_batch[repr(_batch_size(run, self._fit_kwargs))].append(run)
+                not_taken.setdefault(run.trial.trial_id, self._not_taken(run))
         for runs in by_batch.values():
-            self._open(runs)
+            self._open(runs, not_taken)
+
+    def _not_taken(self, run: TrialRun) -> str:
+        """Why no open program took `run` (for its path: why a program was opened)."""
+        batch_size = repr(_batch_size(run, self._fit_kwargs))
+        reasons = []
+        for program in self._programs:
+            free = [i for i, occupant in enumerate(program.slots) if occupant is None]
+            if program.batch_key != batch_size:
+                reasons.append(f"program {program.number} trains another batch size")
+            elif not free:
+                reasons.append(f"program {program.number} had no free slot")
+            else:
+                problem = program.pack.load_problem(free[0], run.model)
+                reasons.append(f"program {program.number}'s free slots do not take it: {problem}")
+        return "; ".join(reasons) or "no program was open"
 
     def _a_slot_would_take(self, run: TrialRun) -> bool:
         """Whether some slot of a training program of `run`'s batch size, busy or not,
@@ -268,8 +289,9 @@ class SlotExecutor(PackExecutor):
             return True
         return False
 
-    def _open(self, runs: list[TrialRun]) -> None:
-        """A new program for `runs`; runs alone (KerasTuner's code) the trials it cannot take."""
+    def _open(self, runs: list[TrialRun], not_taken: dict[str, str]) -> None:
+        """A new program for `runs`; runs alone (KerasTuner's code) the trials it cannot take.
+        `not_taken`: why the open programs took none of them, by trial id."""
         callbacks = [cb for run in runs for cb in run.callbacks]
         batch_hooks = self.calls.batch_hooks or implements_batch_hooks(callbacks)
         try:
@@ -283,7 +305,10 @@ class SlotExecutor(PackExecutor):
         except Exception as e:
             for trial_id in dict.fromkeys(run.trial.trial_id for run in runs):
                 self._runs_of.pop(trial_id, None)
-                why = f"a program for it could not be built: {_error_line(e)}"
+                why = (
+                    "it trains alone, with KerasTuner's code, as a program for it could not "
+                    f"be built: {_in_trials(_error_line(e), runs)}"
+                )
                 self._alone[trial_id] = {"path": "alone", "why": why}
             return
         fused = self._fuse_update(pack, runs)
@@ -303,7 +328,10 @@ class SlotExecutor(PackExecutor):
         )
         for index, run in enumerate(runs):
             self._begin(program, index, run)
-            why = f"opened program {program.number} with trials {program.opened_for}"
+            why = (
+                f"opened program {program.number} with trials {program.opened_for} "
+                f"({not_taken.get(run.trial.trial_id, 'no program was open')})"
+            )
             self._paths[run.trial.trial_id] = _path(program, index, why)
 
     def _fuse_update(self, pack: ModelPack, runs: list[TrialRun]) -> bool:
@@ -433,9 +461,18 @@ class SlotExecutor(PackExecutor):
             self._end(trial, _run_alone(self.calls, trial, path, self._fit_args, self._fit_kwargs))
 
     def _end(self, trial: Any, outcome: TrialOutcome) -> None:
-        """Reports the trial's outcome to the oracle and frees its slot number."""
-        self._feed.end_trials([trial], {trial.trial_id: outcome})
-        self._free.append(self._slot_of.pop(trial.trial_id))
+        """Reports the trial's outcome to the oracle and frees its slot number.
+
+        An error the tuner raises in ending it (a `FatalError`, too many consecutive
+        failures) stops the search as a pack round's does: no trial is asked for after it,
+        the trials already begun go on to their end, and `run` raises it then."""
+        try:
+            self._feed.end_trials([trial], {trial.trial_id: outcome})
+        except Exception as e:
+            self._stopped_by = self._stopped_by or e
+            self._over = True
+        finally:
+            self._free.append(self._slot_of.pop(trial.trial_id))
 
 
 def _path(program: _Program, index: int, why: str) -> dict[str, str]:

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 trial_module = _upstream.kt_trial_module()
 TrialStatus = trial_module.TrialStatus
 _ENDED = (TrialStatus.COMPLETED, TrialStatus.FAILED)
+# Proposals asked of the wrapped oracle before a trial that would repeat a running one is
+# drawn at random instead (`ParallelOracle._distinct_from_running`).
+PROPOSALS = 3
 
 # Attributes that live on the wrapper; every other attribute is the wrapped oracle's.
 _OWN_ATTRIBUTES = frozenset(
@@ -44,7 +47,10 @@ class ParallelOracle(keras_tuner.Oracle):
     again, and trials that were running (or only half recorded) are queued to run again.
 
     Every attribute and method not listed here is the wrapped oracle's (`objective`,
-    `max_trials`, `trials`, `ongoing_trials`, `get_best_trials`, ...).
+    `max_trials`, `trials`, `ongoing_trials`, `get_best_trials`, ...), and the wrapper is
+    an instance of the wrapped oracle's class: `ParallelOracle(BayesianOptimizationOracle(
+    ...))` is a `ParallelBayesianOptimizationOracle`, a subclass of both, made once per
+    wrapped class, so `isinstance` checks written for KerasTuner's oracle hold.
 
     Args:
         oracle: the `keras_tuner.Oracle` instance to wrap.
@@ -62,8 +68,14 @@ class ParallelOracle(keras_tuner.Oracle):
         parallel_trials=4,
     )
     oracle.oracle.max_trials   # 8: the wrapped oracle, reachable as `oracle.oracle`
+    isinstance(oracle, keras_tuner.oracles.RandomSearchOracle)   # True
     ```
     """
+
+    def __new__(cls, oracle: keras_tuner.Oracle, parallel_trials: int | None = None) -> Any:
+        if cls is ParallelOracle and _wrappable(oracle):
+            cls = _wrapper_class(type(oracle))
+        return super().__new__(cls)
 
     def __init__(self, oracle: keras_tuner.Oracle, parallel_trials: int | None = None) -> None:
         if isinstance(oracle, ParallelOracle):
@@ -99,6 +111,8 @@ class ParallelOracle(keras_tuner.Oracle):
         # write-to-temporary-and-rename.
         oracle.save = self._save_state
         _upstream.replace_save_trial(oracle, self._save_trial_state)
+        proposing = oracle.populate_space
+        oracle.populate_space = lambda trial_id: self._distinct_from_running(proposing, trial_id)
 
     # Delegation --------------------------------------------------------------------------
 
@@ -275,6 +289,40 @@ class ParallelOracle(keras_tuner.Oracle):
     def populate_space(self, trial_id: str) -> dict:
         return self._call(self.oracle.populate_space, trial_id)
 
+    def _distinct_from_running(self, proposing: Any, trial_id: str) -> dict:
+        """The wrapped oracle's proposal for `trial_id`, never the values of a running trial.
+
+        KerasTuner's oracles decide from ended trials; with K trials in flight a model-based
+        one (BayesianOptimization) can propose values a running trial already trains, which
+        wastes a slot. Such a proposal is asked again (`PROPOSALS` times in all), then
+        replaced by values drawn at random among those never handed out."""
+        for _ in range(PROPOSALS):
+            response = proposing(trial_id)
+            running = self._running_with(response)
+            if running is None:
+                return response
+            logger.info(
+                "Trial %s: the oracle proposed the hyperparameters of running trial %s; "
+                "asking again.",
+                trial_id,
+                running,
+            )
+        values = _upstream.random_unseen_values(self.oracle)
+        if values is None:
+            return {"status": TrialStatus.STOPPED, "values": None}
+        logger.info("Trial %s: drawn at random, not to repeat a running trial.", trial_id)
+        return {"status": TrialStatus.RUNNING, "values": values}
+
+    def _running_with(self, response: dict) -> str | None:
+        """The id of a running trial with the proposal's values, if any."""
+        if response.get("status") != TrialStatus.RUNNING:
+            return None
+        values = response.get("values") or {}
+        for trial in self.oracle.ongoing_trials.values():
+            if trial.hyperparameters.values == values:
+                return trial.trial_id
+        return None
+
     def score_trial(self, trial: Trial) -> None:
         self._call(self.oracle.score_trial, trial)
 
@@ -361,3 +409,26 @@ class ParallelOracle(keras_tuner.Oracle):
         if repaired:
             logger.info("Resuming: trials %s were interrupted and will run again.", repaired)
         _upstream.set_retry_queue(oracle, queue)
+
+
+def _wrappable(oracle: Any) -> bool:
+    return isinstance(oracle, keras_tuner.Oracle) and not isinstance(oracle, ParallelOracle)
+
+
+_WRAPPERS: dict[type, type] = {}
+
+
+def _wrapper_class(oracle_class: type) -> type:
+    """`ParallelOracle` subclassing `oracle_class` too (made once per class): methods and
+    attributes still resolve through `ParallelOracle` first, then to the wrapped instance."""
+    if oracle_class is keras_tuner.Oracle:
+        return ParallelOracle
+    if oracle_class not in _WRAPPERS:
+        name = f"Parallel{oracle_class.__name__}"
+        namespace = {
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": ParallelOracle.__doc__,
+        }
+        _WRAPPERS[oracle_class] = type(name, (ParallelOracle, oracle_class), namespace)
+    return _WRAPPERS[oracle_class]

@@ -148,9 +148,31 @@ def test_the_graph_engine_where_the_backend_has_it():
     if BACKEND.graph_engine:
         assert kg.ModelPack(members, fuse=False).engine == "graph"
     else:
-        match = f"graph engine needs the TensorFlow backend \\(KERAS_BACKEND is '{BACKEND.name}'"
+        match = (
+            f"Member 0 \\(and members 1\\) cannot fuse: fuse=False. On the '{BACKEND.name}' "
+            "backend every member must fuse"
+        )
         with pytest.raises(ValueError, match=match):
             kg.ModelPack(members, fuse=False)
+
+
+class Doubling(keras.layers.Layer):
+    def call(self, x):
+        return x * 2
+
+
+@pytest.mark.skipif(BACKEND.graph_engine, reason="the graph engine trains such members")
+def test_a_member_that_cannot_fuse_is_named_with_its_layer():
+    members = [mlp(4, seed=0), mlp(4, seed=1)]
+    keras.utils.set_random_seed(2)
+    custom = keras.Sequential(
+        [keras.Input((10,)), keras.layers.Dense(4), Doubling(), keras.layers.Dense(1)]
+    )
+    with pytest.raises(ValueError) as raised:
+        kg.ModelPack([*members, custom])
+    first_line = str(raised.value).splitlines()[0]
+    assert first_line.startswith("Member 2 cannot fuse: layer `doubling` (Doubling): ")
+    assert "register_fused_layer" in first_line
 
 
 @pytest.mark.skipif(BACKEND.name == "tensorflow", reason="TensorFlow is the backend here")

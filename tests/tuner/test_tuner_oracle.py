@@ -110,14 +110,74 @@ def test_rejects_what_is_not_an_oracle():
         kg.tuner.ParallelOracle(inner, parallel_trials=0)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras_tuner.oracles.RandomSearchOracle(objective="loss", max_trials=2),
+        lambda: keras_tuner.oracles.HyperbandOracle(objective="loss", max_epochs=4),
+        lambda: keras_tuner.oracles.GridSearchOracle(objective="loss"),
+    ],
+    ids=["random", "hyperband", "grid"],
+)
+def test_the_oracle_is_an_instance_of_the_class_it_wraps(make):
+    """`isinstance(tuner.oracle, HyperbandOracle)` holds as in KerasTuner (KerasTuner's own
+    tests check it): the wrapper's class subclasses the wrapped one's, made once per class,
+    with no `__class__` trick; what it wraps is `.oracle`."""
+    inner = make()
+    oracle = kg.tuner.ParallelOracle(inner)
+    assert isinstance(oracle, type(inner))
+    assert isinstance(oracle, kg.tuner.ParallelOracle)
+    assert type(oracle) is oracle.__class__ is type(kg.tuner.ParallelOracle(make()))
+    assert type(oracle).__name__ == f"Parallel{type(inner).__name__}"
+    assert oracle.oracle is inner
+    assert type(oracle).create_trial is kg.tuner.ParallelOracle.create_trial
+
+
 def test_the_oracle_says_what_it_is(tmp_path):
-    """A ParallelOracle is a `keras_tuner.Oracle` (KerasTuner's own check, in `BaseTuner`)
-    and nothing more: not an instance of the class it wraps, whose oracle is `.oracle`."""
+    """A ParallelOracle is a `keras_tuner.Oracle` (KerasTuner's own check, in `BaseTuner`);
+    the oracle it wraps is `.oracle`."""
     inner = keras_tuner.oracles.HyperbandOracle(objective="loss", max_epochs=4)
     oracle = kg.tuner.ParallelOracle(inner)
-    assert type(oracle) is oracle.__class__ is kg.tuner.ParallelOracle
     assert isinstance(oracle, keras_tuner.Oracle)
-    assert not isinstance(oracle, keras_tuner.oracles.HyperbandOracle)
     assert isinstance(oracle.oracle, keras_tuner.oracles.HyperbandOracle)
     tuner = keras_tuner.Tuner(oracle=oracle, hypermodel=lambda hp: None, directory=str(tmp_path))
     assert tuner.oracle is oracle
+
+
+def test_no_trial_repeats_the_values_of_a_running_one(tmp_path):
+    """With 4 trials in flight KerasTuner's BayesianOptimization oracle proposes the values
+    of a running trial (5 of 14 trials here); wrapped, it is asked again, then a value set
+    never handed out is drawn: no slot trains a duplicate."""
+    pytest.importorskip("sklearn")
+    space = keras_tuner.HyperParameters()
+    space.Int("units", 1, 4)
+    space.Choice("activation", ["relu", "tanh"])
+    inner = keras_tuner.oracles.BayesianOptimizationOracle(
+        objective=keras_tuner.Objective("score", "max"),
+        max_trials=14,
+        num_initial_points=2,
+        hyperparameters=space,
+        seed=3,
+    )
+    oracle = kg.tuner.ParallelOracle(inner)
+    oracle._set_project_dir(str(tmp_path), "bayesian")
+    running: dict = {}
+    made = []
+    while True:
+        for tuner_id in ("t0", "t1", "t2", "t3"):
+            if tuner_id not in running:
+                trial = oracle.create_trial(tuner_id)
+                if trial.status == "RUNNING":
+                    others = [t.hyperparameters.values for t in running.values()]
+                    assert trial.hyperparameters.values not in others
+                    running[tuner_id] = trial
+                    made.append(trial)
+        if not running:
+            break
+        trial = running.pop(next(iter(running)))  # the oldest ends
+        values = trial.hyperparameters.values
+        score = values["units"] * (2 if values["activation"] == "relu" else 1)
+        oracle.update_trial(trial.trial_id, {"score": score})
+        trial.status = "COMPLETED"
+        oracle.end_trial(trial)
+    assert len(made) == 14

@@ -14,6 +14,7 @@ import sys
 import keras
 import keras_tuner
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "conformance"))
 
@@ -126,6 +127,37 @@ def test_a_trial_that_fits_no_slot_opens_a_program_and_still_matches(tmp_path):
     deeper = [i for i in paths if depths[i] > max(depths[j] for j in first)]
     assert deeper, (depths, paths)
     assert all(paths[i]["program"] != "0" for i in deeper), paths
+    # The path says why the open program did not take the trial.
+    opener = next(i for i in deeper if paths[i]["why"].startswith("opened program"))
+    assert "(program 0" in paths[opener]["why"], paths[opener]
+    assert any(
+        text in paths[opener]["why"] for text in ("had no free slot", "free slots do not take it")
+    ), paths[opener]
+
+
+class Doubling(keras.layers.Layer):
+    def call(self, x):
+        return x * 2
+
+
+def _with_custom_layer(hp):
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(hp.Choice("units", [2, 4])), Doubling()]
+        + [keras.layers.Dense(1, activation="sigmoid")]
+    )
+    model.compile("sgd", "binary_crossentropy")
+    return model
+
+
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow", reason="the graph engine takes it")
+def test_a_trial_that_cannot_fuse_trains_alone_and_its_path_names_the_layer(tmp_path):
+    tuner = _search(tmp_path, "slots", max_trials=2, hypermodel=_with_custom_layer)
+    assert {t.status for t in tuner.oracle.trials.values()} == {"COMPLETED"}
+    for trial_id, path in tuner.trial_paths().items():
+        assert path["path"] == "alone", path
+        assert path["why"].startswith("it trains alone, with KerasTuner's code"), path
+        assert "cannot fuse: layer `doubling` (Doubling)" in path["why"], path
+        assert f"trial {trial_id}" in path["why"], path
 
 
 def test_searched_layers_share_one_capacity(tmp_path):

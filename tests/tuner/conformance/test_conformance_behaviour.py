@@ -360,6 +360,33 @@ def test_consecutive_failures_abort_like_keras_tuner(tmp_path, k):
     assert raised[k] == raised["kt"] == "Number of consecutive failures exceeded the limit of 2."
 
 
+@pytest.mark.parametrize("k", PARALLEL)
+def test_trials_begun_alongside_the_last_failure_are_ended_too(tmp_path, k):
+    statuses = {}
+    for kind in ["kt", k]:
+        hypermodel = FailingBuild(bad=[], error=errors.FailedTrialError)
+        tuner = make(
+            kind,
+            oracle=keras_tuner.oracles.RandomSearchOracle,
+            base_kt=keras_tuner.RandomSearch,
+            hypermodel=hypermodel,
+            objective="val_loss",
+            max_trials=5,
+            directory=str(tmp_path),
+            project_name=f"begun-{kind}",
+            max_consecutive_failed_trials=2,
+        )
+        hypermodel.bad = [1, 2, 3, 4, 5]  # every trial fails (the tuner's first build passed)
+        with pytest.raises(RuntimeError, match="Number of consecutive failures"):
+            search(tuner, *data(), **dict(FIT, epochs=1))
+        statuses[kind] = [t.status for t in tuner.oracle.trials.values()]
+    # KerasTuner ends its one trial before it stops; the trials begun alongside it (K at a
+    # time) are ended too: none is left RUNNING for a reload to take as ongoing.
+    assert statuses["kt"] == ["FAILED", "FAILED"]
+    assert statuses[k][:2] == statuses["kt"]
+    assert set(statuses[k]) == {"FAILED"}
+
+
 @pytest.fixture(scope="module")
 def fatal(tmp_path_factory):
     root = tmp_path_factory.mktemp("fatal")
