@@ -277,17 +277,24 @@ class FailingBuild:
         return model
 
 
-def _failing_search(kind, tmp_path, name, build_fn, **kwargs):
-    tuner = make(
+def _failing_tuner(kind, tmp_path, name, build_fn, random=False, **kwargs):
+    """A tuner of `kind` over `build_fn` (a grid search, or a random one)."""
+    return make(
         kind,
-        oracle=keras_tuner.oracles.GridSearchOracle,
-        base_kt=keras_tuner.GridSearch,
+        oracle=keras_tuner.oracles.RandomSearchOracle
+        if random
+        else keras_tuner.oracles.GridSearchOracle,
+        base_kt=keras_tuner.RandomSearch if random else keras_tuner.GridSearch,
         hypermodel=build_fn,
         objective="val_loss",
         directory=str(tmp_path),
         project_name=f"{name}-{kind}",
         **kwargs,
     )
+
+
+def _failing_search(kind, tmp_path, name, build_fn, **kwargs):
+    tuner = _failing_tuner(kind, tmp_path, name, build_fn, **kwargs)
     x, y = data()
     search(tuner, x, y, **dict(FIT, epochs=1))
     return tuner
@@ -365,15 +372,13 @@ def test_trials_begun_alongside_the_last_failure_are_ended_too(tmp_path, k):
     statuses = {}
     for kind in ["kt", k]:
         hypermodel = FailingBuild(bad=[], error=errors.FailedTrialError)
-        tuner = make(
+        tuner = _failing_tuner(
             kind,
-            oracle=keras_tuner.oracles.RandomSearchOracle,
-            base_kt=keras_tuner.RandomSearch,
-            hypermodel=hypermodel,
-            objective="val_loss",
+            tmp_path,
+            "begun",
+            hypermodel,
+            random=True,
             max_trials=5,
-            directory=str(tmp_path),
-            project_name=f"begun-{kind}",
             max_consecutive_failed_trials=2,
         )
         hypermodel.bad = [1, 2, 3, 4, 5]  # every trial fails (the tuner's first build passed)
