@@ -340,7 +340,7 @@ def _fit_group(
                 calls.save_build_config(run.trial.trial_id, run.model)
     except Exception as e:
         for run in runs:
-            run.checkpoint.clear()
+            run.abandon()
         raised = _in_trials(_error_line(e), runs)
         if len(trial_ids) == 1:
             # Whatever a pack cannot do, KerasTuner's own code does (or raises its error).

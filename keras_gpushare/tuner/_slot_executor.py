@@ -423,7 +423,7 @@ class SlotExecutor(PackExecutor):
                 trial_id = occupant.trial.trial_id
                 if trial_id in self._runs_of:
                     for run in self._runs_of.pop(trial_id):
-                        run.checkpoint.clear()
+                        run.abandon()
                     why = f"its program {program.number} raised {_error_line(e)}"
                     self._alone[trial_id] = {"path": "alone", "why": why}
             return
@@ -442,9 +442,7 @@ class SlotExecutor(PackExecutor):
         self._runs_of.pop(trial_id, None)
         runs[0].checkpoint.write()
         for r in runs:
-            logs = {k: v[-1] for k, v in r.history.items()}
-            for callback in r.callbacks:
-                callback.on_train_end(logs)
+            r.end()
         self.calls.save_build_config(trial_id, runs[0].model)
         outcome = TrialOutcome(results=[r.results() for r in runs], path=self._paths[trial_id])
         self._end(self._trials[trial_id], outcome)

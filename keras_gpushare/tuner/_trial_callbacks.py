@@ -9,7 +9,7 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._member_callbacks import member_logs
-from keras_gpushare.tuner import _state
+from keras_gpushare.tuner import _own_files, _state
 from keras_gpushare.tuner._executor import TrialCalls
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ class TrialRun:
         trial: the trial.
         execution: the execution's number within the trial (0 for the first).
         model: the execution's compiled model (becomes the pack member).
-        callbacks: the execution's own copies of the search's callbacks.
+        callbacks: the execution's own copies of the search's callbacks (a `CSVLogger`
+            among them writes a file of its own until the execution ends: `_own_files`).
         last_epoch: the epoch count after which the trial stops (Hyperband budgets).
         checkpoint: the trial's `BestCheckpoint`, shared by its executions.
     """
@@ -104,6 +105,7 @@ class TrialRun:
         self.execution = execution
         self.model = model
         self.callbacks = callbacks
+        self._own_files = _own_files.redirect(callbacks, trial.trial_id, execution)
         self.last_epoch = last_epoch
         self.checkpoint = checkpoint
         self.index = -1
@@ -145,6 +147,21 @@ class TrialRun:
         self.calls.on_batch_end(self.trial, self.model, batch, mlogs)
         for callback in self.callbacks:
             callback.on_train_batch_end(batch, mlogs)
+
+    def end(self) -> None:
+        """The execution ended: its callbacks see `on_train_end` with its last figures, and
+        the files they wrote take the user's paths."""
+        logs = {k: v[-1] for k, v in self.history.items()}
+        for callback in self.callbacks:
+            callback.on_train_end(logs)
+        for own_file in self._own_files:
+            own_file.settle()
+
+    def abandon(self) -> None:
+        """The execution will train again elsewhere (alone): its checkpoint and the files
+        its callbacks wrote are dropped."""
+        self.checkpoint.clear()
+        _own_files.discard(self._own_files)
 
     def record(self, epoch: int, logs: dict) -> None:
         self.epochs.append(epoch)
@@ -223,9 +240,7 @@ class PackTrials(keras.callbacks.Callback):
         for checkpoint in {id(run.checkpoint): run.checkpoint for run in self._runs}.values():
             checkpoint.write()
         for run in self._runs:
-            mlogs = {k: v[-1] for k, v in run.history.items()}
-            for callback in run.callbacks:
-                callback.on_train_end(mlogs)
+            run.end()
 
 
 class PackTrialsWithBatches(PackTrials):

@@ -8,6 +8,7 @@ the rest `slow`). Where worker processes differ from KerasTuner by nature (they 
 code in other processes), the case is an `xfail(strict=True)` saying why.
 """
 
+import os
 import threading
 import warnings
 
@@ -390,6 +391,45 @@ def test_trials_begun_alongside_the_last_failure_are_ended_too(tmp_path, k):
     assert statuses["kt"] == ["FAILED", "FAILED"]
     assert statuses[k][:2] == statuses["kt"]
     assert set(statuses[k]) == {"FAILED"}
+
+
+@pytest.mark.parametrize("append", [False, True], ids=["write", "append"])
+@pytest.mark.parametrize("k", PARALLEL)
+def test_a_csv_logger_leaves_whole_trials_like_keras_tuner(tmp_path, k, append):
+    """Trials that train at once each write a `CSVLogger` file of their own, which takes the
+    path when the trial ends: the path holds whole trials, as KerasTuner leaves it."""
+    import csv
+
+    tables, histories = {}, {}
+    for kind in ["kt", k]:
+        path = tmp_path / f"log-{kind}.csv"
+        tuner = make(
+            kind,
+            objective="val_loss",
+            max_trials=4,
+            seed=2,
+            directory=str(tmp_path),
+            project_name=f"csv-{kind}-{append}",
+        )
+        logger = keras.callbacks.CSVLogger(str(path), append=append)
+        search(tuner, *data(), **dict(FIT, epochs=3, callbacks=[logger]))
+        with open(path, newline="") as f:
+            tables[kind] = list(csv.reader(f))
+        # The loss each trial reported to the oracle (its last epoch's).
+        histories[kind] = {
+            round(t.metrics.get_history("loss")[-1].value[0], 5)
+            for t in tuner.oracle.trials.values()
+        }
+        assert not [p for p in os.listdir(tmp_path) if p.endswith(".part")]
+    header, *rows = tables[k]
+    assert header == tables["kt"][0]
+    assert len(rows) == len(tables["kt"]) - 1 == (12 if append else 3)
+    assert all(len(row) == len(header) for row in rows)
+    epochs = [int(row[header.index("epoch")]) for row in rows]
+    assert epochs == [0, 1, 2] * (4 if append else 1)
+    losses = [round(float(row[header.index("loss")]), 5) for row in rows]
+    # Each run of 3 rows is one trial's: its last loss is the one that trial reported.
+    assert all(losses[i + 2] in histories[k] for i in range(0, len(losses), 3)), losses
 
 
 @pytest.fixture(scope="module")
