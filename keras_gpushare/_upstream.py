@@ -271,6 +271,30 @@ def weighted_metrics(metrics: Any) -> list[Any]:
     return metrics._flat_weighted_metrics
 
 
+def loss_parts(loss: Any) -> list[tuple[Any, Any, Any, Any]]:
+    """A built `CompileLoss`'s losses, one `(path, loss, loss_weight, tracker)` per output
+    it computes a loss for (`path` into the model's outputs; `tracker`, the `Mean` logged
+    as `<output>_loss`, or None for one output): `_flat_losses` and `metrics`."""
+    trackers = list(loss.metrics) or [None] * len(loss._flat_losses)
+    return [
+        (path, fn, weight, tracker)
+        for (path, fn, weight, _), tracker in zip(loss._flat_losses, trackers, strict=True)
+    ]
+
+
+def metric_parts(metrics: Any) -> list[tuple[str | None, list[Any]] | None]:
+    """A built `CompileMetrics`'s unweighted metrics, per output in the order of
+    `flat_outputs`: `(output_name, [metric, ...])`, or None for an output without any:
+    `_flat_metrics`."""
+    return [None if m is None else (m.output_name, list(m.metrics)) for m in metrics._flat_metrics]
+
+
+def flat_outputs(metrics: Any, values: Any) -> list[Any]:
+    """Labels or predictions laid out as `metric_parts` (a dict by the model's output
+    names): `CompileMetrics._flatten_y`."""
+    return metrics._flatten_y(values)
+
+
 def loss_tracker(model: keras.Model) -> Any:
     """The `Mean` metric behind a compiled model's `loss` log: `_loss_tracker`."""
     return model._loss_tracker

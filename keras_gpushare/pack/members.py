@@ -288,6 +288,10 @@ def build_member(member: keras.Model, data_batch: Any, build_optimizer: bool = T
         y = tree.map_structure(
             lambda v: None if v is None else keras.KerasTensor(v.shape, _dtype(v)), y
         )
+        names = list(getattr(member, "output_names", None) or [])
+        if isinstance(y, dict) and isinstance(outputs, (list, tuple)) and set(y) == set(names):
+            # Labels by output name for a model of listed outputs, as Keras's loss takes them.
+            y = [y[name] for name in names]
         metrics = _upstream.compile_metrics(member)
         if metrics is not None and not metrics.built and _mean_metrics_only(metrics):
             metrics.build(y, outputs)

@@ -112,7 +112,7 @@ def _flat(small: int, large: int) -> bool:
 
 
 @COUNTED
-@pytest.mark.parametrize("config", ["binary", "sparse", "categorical", "regression"])
+@pytest.mark.parametrize("config", ["binary", "sparse", "categorical", "regression", "two_outputs"])
 def test_the_compiled_step_does_not_grow_with_the_member_count(config):
     one, many = step_counts(config, 1), step_counts(config, 256)
     assert set(one) == set(many) and one
@@ -120,14 +120,56 @@ def test_the_compiled_step_does_not_grow_with_the_member_count(config):
         assert _flat(one[what], many[what]), (config, what, one[what], many[what])
 
 
-@COUNTED
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 43: two-output members' losses and metrics are still computed member by member",
-)
-def test_two_output_members_step_does_not_grow_with_the_member_count():
-    one, many = step_counts("two_outputs", 1), step_counts("two_outputs", 16)
-    assert all(_flat(one[what], many[what]) for what in one)
+def _two_outputs(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10,))
+    h = keras.layers.Dense(4 + seed, activation="relu")(inputs)
+    a = keras.layers.Dense(1, activation="sigmoid", name="a")(h)
+    b = keras.layers.Dense(2, name="b")(h)
+    return keras.Model(inputs, [a, b])
+
+
+def _two_output_compile():
+    return {
+        "optimizer": "adam",
+        "loss": {"a": "binary_crossentropy", "b": "mae"},
+        "loss_weights": {"a": 1.0, "b": 0.5},
+        "metrics": {"a": ["accuracy", keras.metrics.AUC(name="auc")], "b": ["mse"]},
+    }
+
+
+@pytest.mark.parametrize("labels", ["list", "dict"])
+def test_two_output_members_train_stacked_as_each_ones_own_fit(binary_data, labels):
+    """Each output's loss, its tracker (`a_loss`), loss weights, sample weights and the
+    metrics of each output, computed stacked, equal every member's own fit and evaluate."""
+    x, y = binary_data
+    y_b = np.stack([x[:, 0], x[:, 1] - x[:, 2]], axis=1).astype("float32")
+    y_both = [y, y_b] if labels == "list" else {"a": y, "b": y_b}
+    # Keras takes sample weights with labels by output name only for outputs by name.
+    sample_weight = np.random.default_rng(2).random(len(x)).astype("float32")
+    sample_weight = sample_weight if labels == "list" else None
+    members = [_two_outputs(s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    pack = kg.ModelPack(members)
+    pack.compile(**_two_output_compile())
+    kwargs = dict(sample_weight=sample_weight, batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, y_both, epochs=2, **kwargs)
+    assert pack.engine == "fused"
+    assert len(pack.metrics_variables) < 3 * 6  # not every member's own trackers and metrics
+    evaluated = pack.evaluate(x, y_both, return_dict=True, verbose=0)
+    for i, twin in enumerate(twins):
+        twin.compile(**_two_output_compile())
+        own = twin.fit(x, y_both, epochs=2, **kwargs)
+        alone = twin.evaluate(x, y_both, return_dict=True, verbose=0)
+        assert {f"m{i}_{k}" for k in own.history} <= set(history.history)
+        for name in own.history:
+            np.testing.assert_allclose(
+                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
+            )
+        for name in alone:
+            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))

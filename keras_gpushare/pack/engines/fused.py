@@ -91,6 +91,50 @@ def _stacked(y_pred: Any) -> Any:
     return tree.flatten(y_pred)[0]
 
 
+# The key of a fused group's stacked outputs in training, when its members have several
+# outputs and their losses are computed stacked (a dict: a pytree on every backend).
+_STACKED_OUTPUTS = "stacked_outputs"
+
+
+def _stacked_structure(y_pred: Any) -> Any:
+    """The stacked outputs in a member's output structure, leaves `(N, B, ...)`: from the
+    training call's stacked outputs, or from the per-member list (one stack per leaf)."""
+    if isinstance(y_pred, dict) and _STACKED_OUTPUTS in y_pred:
+        return y_pred[_STACKED_OUTPUTS]
+    if not isinstance(y_pred, list):  # one output, stacked already
+        return y_pred
+    return tree.map_structure(lambda *leaves: ops.stack(leaves), *y_pred)
+
+
+def _resolve(path: Any, value: Any) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _losses_alike(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> bool:
+    """Whether members of several outputs each compile the same losses of Keras's own, with
+    the same loss weights: their losses and loss trackers can then be computed stacked,
+    output by output (`FusedEngine._stacked_output_losses`)."""
+    if any((data_lib.output_count(m) or 1) < 2 for m in members):
+        return False
+    if not all(_keras_own_loss(args["loss"]) for args in compile_args):
+        return False
+    specs = [
+        keras.saving.serialize_keras_object((args["loss"], args.get("loss_weights")))
+        for args in compile_args
+    ]
+    return all(spec == specs[0] for spec in specs)
+
+
+_PER_MEMBER_LABELS = (
+    "This ModelPack computes its members' metrics stacked, as the labels it was first "
+    "trained or evaluated with were shared by every member; now the labels differ per "
+    "member. Pass labels the same way to every `fit` and `evaluate` of a pack, or build a "
+    "new ModelPack for the other layout."
+)
+
+
 def _batch_size(x: Any) -> Any:
     return ops.shape(tree.flatten(x)[0])[0]
 
@@ -214,7 +258,12 @@ class FusedEngine(GradientEngine):
         self._last_by_values: tuple | None = None
         self.loss_state = StackedMean(len(self.members), name="member_loss")
         self.metric_states: dict[str, StackedMean | StackedMetric] = {}
+        # Members of several outputs: each output's loss tracker (`a_loss`), stacked, by
+        # figure name, once their losses are computed stacked (`_losses_stacked`).
+        self.tracker_states: dict[str, StackedMean] = {}
         self._one_loss = None
+        self._losses_alike = False
+        self._losses_stacked = False
         # Whether the members' compiled metrics are all computed stacked (`metric_states`):
         # their own metric variables then stay out of the step (on JAX each would be two
         # buffers a call, in and out).
@@ -225,18 +274,19 @@ class FusedEngine(GradientEngine):
 
     @property
     def metrics(self) -> list:
-        result = [self.loss_state, *self.metric_states.values()]
+        result = [self.loss_state, *self.metric_states.values(), *self.tracker_states.values()]
         for member in self.members:
             compiled_metrics = _upstream.compile_metrics(member)
             if compiled_metrics is not None and not self._metrics_stacked:
                 result.append(compiled_metrics)
             compiled_loss = _upstream.compile_loss(member)
-            if compiled_loss is not None:
+            if compiled_loss is not None and not self._losses_stacked:
                 result.extend(compiled_loss.metrics)
         return result
 
     def configure(self, compile_args: Sequence[dict]) -> None:
         self._one_loss = _one_loss_for_all(self.members, compile_args)
+        self._losses_alike = self._one_loss is None and _losses_alike(self.members, compile_args)
 
     def supports_jit(self) -> bool:
         """Keras's rule for the fused model, except on torch and on a TensorFlow CPU.
@@ -278,9 +328,13 @@ class FusedEngine(GradientEngine):
             # One output, one loss: the training step reads the stacked output directly;
             # N slices stacked back together would cost N full-size gradient terms.
             return tree.flatten(outputs)[0]
+        if training and self._losses_stacked:
+            return {_STACKED_OUTPUTS: outputs}
         return _split(outputs, len(self.members))
 
     def member_outputs(self, raw: Any) -> list:
+        if isinstance(raw, dict) and _STACKED_OUTPUTS in raw:
+            return _split(raw[_STACKED_OUTPUTS], len(self.members))
         return raw if isinstance(raw, list) else _split(raw, len(self.members))
 
     # Loss and metrics --------------------------------------------------------------------
@@ -294,15 +348,64 @@ class FusedEngine(GradientEngine):
 
     def _member_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         """Every member's loss on this replica's batch, shape (k,), not scaled for replicas."""
-        loss = self._one_loss if self._labels_shared(y) else None
+        shared = self._labels_shared(y)
+        loss = self._one_loss if shared else None
         if loss is not None and (sample_weight is None or not tree.is_nested(sample_weight)):
             return _stacked_losses(loss, y, y_pred, sample_weight)
+        if self._losses_stacked:
+            if not shared:
+                raise ValueError(_PER_MEMBER_LABELS)
+            return self._stacked_output_losses(y, y_pred, sample_weight)
         y_pred = self.member_outputs(y_pred)
         losses = []
         for j, (member, (yj, swj)) in enumerate(zip(self.members, self._targets(y, sample_weight))):
             value = _upstream.compile_loss(member)(yj, y_pred[j], swj)
             losses.append(ops.cast(_upstream.unscale_loss_for_distribution(value), "float32"))
         return ops.stack(losses)
+
+    def _stacked_output_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+        """Every member's loss, shape (k,), output by output on the stacked outputs, as
+        Keras's `CompileLoss` computes one member's: each output's loss (its tracker
+        updated, unweighted), times its loss weight, summed."""
+        outputs = _stacked_structure(y_pred)
+        labels = self._labels_like(y, outputs)
+        batch = ops.cast(_batch_size(tree.flatten(y)), "float32")
+        total = None
+        for path, fn, weight, tracker in _upstream.loss_parts(self._compile_loss()):
+            weights = sample_weight
+            if sample_weight is not None and tree.is_nested(sample_weight):
+                weights = _resolve(path, sample_weight)
+            values = _stacked_losses(fn, _resolve(path, labels), _resolve(path, outputs), weights)
+            if tracker is not None:
+                self.tracker_states[tracker.name].update_state(
+                    values, ops.ones_like(values) * batch
+                )
+            if weight is not None:
+                values = values * weight
+            total = values if total is None else total + values
+        return total
+
+    def _compile_loss(self) -> Any:
+        return _upstream.compile_loss(self.members[0])
+
+    def _labels_like(self, y: Any, outputs: Any) -> Any:
+        """The shared labels `y` in the structure of the members' outputs (a list or tuple
+        of one label per output, or a dict by output name, as Keras takes them)."""
+        if isinstance(y, dict) and not isinstance(outputs, dict):
+            return [y[name] for name in self.members[0].output_names]
+        return tree.pack_sequence_as(outputs, tree.flatten(y))
+
+    def _stackable_loss_parts(self) -> bool:
+        """Whether the members' built compiled losses compute as `_stacked_output_losses`
+        does: every part Keras's own with the default reduction."""
+        compiled_loss = self._compile_loss()
+        if not self._losses_alike or compiled_loss is None or not compiled_loss.built:
+            return False
+        parts = _upstream.loss_parts(compiled_loss)
+        return all(
+            isinstance(fn, keras.losses.Loss) and fn.reduction == "sum_over_batch_size"
+            for _, fn, _, _ in parts
+        )
 
     def _penalties(self) -> Any:
         """Every member's regularization penalty, shape (k,): what Keras adds to its loss.
@@ -419,7 +522,7 @@ class FusedEngine(GradientEngine):
 
     def _reset_metrics(self, j: int) -> None:
         """Zeroes member j's row of the stacked loss and metrics, and its own metrics."""
-        for state in (self.loss_state, *self.metric_states.values()):
+        for state in (self.loss_state, *self.metric_states.values(), *self.tracker_states.values()):
             state.reset_member(j)
         member = self.members[j]
         compiled_metrics = _upstream.compile_metrics(member)
@@ -433,7 +536,7 @@ class FusedEngine(GradientEngine):
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.
 
-        Unweighted metrics that every member has alike, on single-output members with shared
+        Unweighted metrics that every member has alike (output by output), with shared
         labels, are computed for all members at once on the stacked predictions into stacked
         state (they ignore sample weights, as Keras's `metrics=` do): means of a function
         (accuracy, MAE, top-k, ...) and the confusion-matrix metrics (AUC, precision,
@@ -447,17 +550,14 @@ class FusedEngine(GradientEngine):
             for compiled, (yj, _), pred in zip(compiled_metrics, targets, member_preds):
                 if compiled is not None and not compiled.built:
                     compiled.build(yj, pred)
-        columns = self._shared_metric_columns(y)
+        # Stacked only as decided before the first step (`build_metric_states`): a step
+        # that made the stacked state as it ran would change the state it carries.
+        columns = self._shared_metric_columns(y) if self._metrics_stacked else None
         if columns is not None:
             self._update_shared_metrics(columns, y, y_pred)
             return
         if self._metrics_stacked:
-            raise ValueError(
-                "This ModelPack computes its members' metrics stacked, as the labels it was "
-                "first trained or evaluated with were shared by every member; now the labels "
-                "differ per member. Pass labels the same way to every `fit` and `evaluate` of "
-                "a pack, or build a new ModelPack for the other layout."
-            )
+            raise ValueError(_PER_MEMBER_LABELS)
         if member_preds is None:
             member_preds = self.member_outputs(y_pred)
         for compiled, (yj, swj), pred in zip(compiled_metrics, targets, member_preds):
@@ -465,81 +565,113 @@ class FusedEngine(GradientEngine):
                 compiled.update_state(yj, pred, swj)
 
     def _shared_metric_columns(self, y: Any) -> list | None:
-        """Per metric, the members' metric objects, when they can be computed stacked."""
+        """Per metric, `(output, figure name, the members' metric objects)` when every
+        member's compiled metrics can be computed stacked: the same metrics, output by
+        output, each a mean of a function or a confusion-matrix metric."""
         if not self._labels_shared(y):
-            return None
-        if any(data_lib.output_count(m) != 1 for m in self.members):
             return None
         compiled = [_upstream.compile_metrics(m) for m in self.members]
         if any(c is None for c in compiled):
             return None if any(c is not None for c in compiled) else []
-        per_member = [list(c.metrics) for c in compiled]
-        if any(any(w is not None for w in _upstream.weighted_metrics(c)) for c in compiled) or any(
-            len(m) != len(per_member[0]) for m in per_member
+        if not all(c.built for c in compiled) or any(
+            any(w is not None for w in _upstream.weighted_metrics(c)) for c in compiled
         ):
             return None
-        columns = []
-        for k, first in enumerate(per_member[0]):
-            column = [m[k] for m in per_member]
-            stacked = isinstance(first, keras.metrics.MeanMetricWrapper) or stacks(first)
-            if not stacked or any(
-                type(m) is not type(first) or m.get_config() != first.get_config() for m in column
-            ):
+        parts = [_upstream.metric_parts(c) for c in compiled]
+        if any(len(p) != len(parts[0]) for p in parts):
+            return None
+        columns: list = []
+        for output, first in enumerate(parts[0]):
+            alike = [p[output] for p in parts]
+            if first is None:
+                if any(part is not None for part in alike):
+                    return None
+                continue
+            name, metrics = first
+            lists = [p[1] for p in alike if p is not None and p[0] == name]
+            if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
                 return None
-            columns.append(column)
+            for k, metric in enumerate(metrics):
+                column = [m[k] for m in lists]
+                stacked = isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
+                if not stacked or any(
+                    type(m) is not type(metric) or m.get_config() != metric.get_config()
+                    for m in column
+                ):
+                    return None
+                figure = f"{name}_{metric.name}" if name else metric.name
+                if figure in {c[1] for c in columns}:
+                    return None
+                columns.append((output, figure, column))
         return columns
 
     def _update_shared_metrics(self, columns: list, y: Any, y_pred: Any) -> None:
-        stacked = _stacked(y_pred)
-        labels = tree.flatten(y)[0]
-        y = ops.broadcast_to(ops.expand_dims(labels, 0), (stacked.shape[0], *ops.shape(labels)))
-        for column in columns:
-            first = column[0]
-            state = self._metric_state(first)
+        if not columns:
+            return
+        compiled = _upstream.compile_metrics(self.members[0])
+        predictions = _upstream.flat_outputs(compiled, _stacked_structure(y_pred))
+        labels = _upstream.flat_outputs(compiled, y)
+        for output, figure, column in columns:
+            first, stacked, label = column[0], predictions[output], labels[output]
+            state = self._metric_state(first, figure)
             if isinstance(state, StackedMetric):
-                state.update_state(labels, stacked)
+                state.update_state(label, stacked)
                 continue
             fn, fn_kwargs = _upstream.wrapped_metric_function(first)
-            values = ops.cast(fn(y, stacked, **fn_kwargs), "float32")
+            broadcast = ops.broadcast_to(
+                ops.expand_dims(label, 0), (stacked.shape[0], *ops.shape(label))
+            )
+            values = ops.cast(fn(broadcast, stacked, **fn_kwargs), "float32")
             axes = tuple(range(1, len(values.shape)))
             count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
             state.update_state(ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count)
 
-    def _metric_state(self, metric: keras.metrics.Metric) -> StackedMean | StackedMetric:
-        """The stacked state of the shared metric `metric` (member 0's), made on first use."""
-        state = self.metric_states.get(metric.name)
+    def _metric_state(
+        self, metric: keras.metrics.Metric, figure: str
+    ) -> StackedMean | StackedMetric:
+        """The stacked state of the shared metric `metric` (member 0's) logged as `figure`,
+        made on first use."""
+        state = self.metric_states.get(figure)
         if state is None:
             if isinstance(metric, keras.metrics.MeanMetricWrapper):
-                state = StackedMean(len(self.members), name=f"member_{metric.name}")
+                state = StackedMean(len(self.members), name=f"member_{figure}")
             else:
                 state = StackedMetric(metric, len(self.members))
-            self.metric_states[metric.name] = state
+            self.metric_states[figure] = state
         return state
 
     def build_metric_states(self, y: Any) -> None:
-        """Makes the shared metrics' stacked state before the first step.
+        """Makes the shared metrics' and loss trackers' stacked state before the first step.
 
         Without a strategy the first trace of the step may make it; under a `tf.distribute`
         strategy variables must exist before the step runs on the replicas.
         """
         columns = self._shared_metric_columns(y)
-        for column in columns or []:
-            self._metric_state(column[0])
+        for _, figure, column in columns or []:
+            self._metric_state(column[0], figure)
         # Once stacked, always: the figures are read from the stacked state from then on.
         self._metrics_stacked = self._metrics_stacked or (y is not None and bool(columns))
+        if y is None or not self._labels_shared(y) or not self._stackable_loss_parts():
+            return
+        for *_, tracker in _upstream.loss_parts(self._compile_loss()):
+            if tracker is not None and tracker.name not in self.tracker_states:
+                state = StackedMean(len(self.members), name=f"member_{tracker.name}")
+                self.tracker_states[tracker.name] = state
+        self._losses_stacked = True
 
     def figures(self) -> GroupFigures:
         """The stacked loss and shared metrics as they are; other metrics member by member."""
         ran = ops.greater(ops.convert_to_tensor(self.loss_state.count), 0)
         shared = {name: state.result() for name, state in self.metric_states.items()}
+        shared.update({name: state.result() for name, state in self.tracker_states.items()})
         own = []
         for member in self.members:
             items = {}
             compiled_metrics = _upstream.compile_metrics(member)
-            if not shared and compiled_metrics is not None:
+            if not self.metric_states and compiled_metrics is not None:
                 items = dict(compiled_metrics.result())
             compiled_loss = _upstream.compile_loss(member)
-            if compiled_loss is not None:
+            if compiled_loss is not None and not self.tracker_states:
                 for tracker in compiled_loss.metrics:
                     items[tracker.name] = tracker.result()
             own.append(items)
