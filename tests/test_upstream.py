@@ -225,6 +225,32 @@ def test_compiled_loss_and_metrics_after_a_symbolic_build():
     assert _upstream.compile_loss(keras.Sequential()) is None
 
 
+@covers("loss_parts", "metric_parts", "flat_outputs")
+def test_the_parts_of_a_two_output_models_compiled_loss_and_metrics():
+    inputs = keras.Input((3,))
+    a = keras.layers.Dense(1, name="a")(inputs)
+    b = keras.layers.Dense(2, name="b")(inputs)
+    model = keras.Model(inputs, [a, b])
+    model.compile(
+        loss={"a": "mse", "b": "mae"}, loss_weights={"a": 1.0, "b": 0.5}, metrics={"b": ["mse"]}
+    )
+    x = np.ones((4, 3), "float32")
+    y = {"a": np.zeros((4, 1), "float32"), "b": np.ones((4, 2), "float32")}
+    _upstream.symbolic_build(model, (x, y))
+    parts = _upstream.loss_parts(_upstream.compile_loss(model))
+    assert [(path, weight, tracker.name) for path, _, weight, tracker in parts] == [
+        ((0,), 1.0, "a_loss"),
+        ((1,), 0.5, "b_loss"),
+    ]
+    assert [type(fn).__name__ for _, fn, _, _ in parts] == ["LossFunctionWrapper"] * 2
+    metrics = _upstream.compile_metrics(model)
+    assert [
+        None if p is None else (p[0], [m.name for m in p[1]])
+        for p in _upstream.metric_parts(metrics)
+    ] == [None, ("b", ["mse"])]
+    assert _upstream.flat_outputs(metrics, y)[1] is y["b"]
+
+
 @covers("maybe_symbolic_build")
 @needs_tf
 def test_maybe_symbolic_build_builds_the_compiled_metrics_also_through_super():
