@@ -84,13 +84,6 @@ def _split(outputs: Any, n: int) -> list:
     return [tree.pack_sequence_as(outputs, [p[j] for p in pieces]) for j in range(n)]
 
 
-def _stacked(y_pred: Any) -> Any:
-    """The stacked single output `(N, B, ...)` from a per-member list or the stacked output."""
-    if isinstance(y_pred, list):
-        return ops.stack([tree.flatten(p)[0] for p in y_pred])
-    return tree.flatten(y_pred)[0]
-
-
 # The key of a fused group's stacked outputs in training, when its members have several
 # outputs and their losses are computed stacked (a dict: a pytree on every backend).
 _STACKED_OUTPUTS = "stacked_outputs"
@@ -185,7 +178,7 @@ def _keras_own_loss(spec: Any) -> bool:
 
 def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any) -> Any:
     """Every member's loss, shape (N,), from one call on the stacked predictions."""
-    stacked = _stacked(y_pred)
+    stacked = tree.flatten(_stacked_structure(y_pred))[0]
     y = tree.flatten(y)[0]
     y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
     values = ops.cast(loss.call(y, stacked), "float32")
