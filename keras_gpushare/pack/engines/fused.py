@@ -111,6 +111,12 @@ def _losses_alike(members: Sequence[keras.Model], compile_args: Sequence[dict]) 
     output by output (`FusedEngine._stacked_output_losses`)."""
     if any((data_lib.output_count(m) or 1) < 2 for m in members):
         return False
+    return _alike_keras_losses(compile_args)
+
+
+def _alike_keras_losses(compile_args: Sequence[dict]) -> bool:
+    """Whether every member compiles the same losses, all Keras's own, with the same loss
+    weights."""
     if not all(_keras_own_loss(args["loss"]) for args in compile_args):
         return False
     specs = [
@@ -143,10 +149,7 @@ def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dic
         return None
     if any(data_lib.output_count(m) != 1 for m in members):
         return None
-    if not all(_keras_own_loss(args["loss"]) for args in compile_args):
-        return None
-    specs = [keras.saving.serialize_keras_object(args["loss"]) for args in compile_args]
-    if any(spec != specs[0] for spec in specs):
+    if not _alike_keras_losses(compile_args):
         return None
     loss = keras.losses.get(compile_args[0]["loss"])
     if not isinstance(loss, keras.losses.Loss):
@@ -362,7 +365,7 @@ class FusedEngine(GradientEngine):
         updated, unweighted), times its loss weight, summed."""
         outputs = _stacked_structure(y_pred)
         labels = self._labels_like(y, outputs)
-        batch = ops.cast(_batch_size(tree.flatten(y)), "float32")
+        batch = ops.cast(_batch_size(y), "float32")
         total = None
         for path, fn, weight, tracker in _upstream.loss_parts(self._compile_loss()):
             weights = sample_weight
