@@ -36,6 +36,23 @@ def _dense(widths, outputs, activation):
     return build
 
 
+def _regularized(i):
+    """Widths 8 and 12, each member its own L2 strength and an L1L2 on its head's bias."""
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(
+        (8, 12)[i % 2],
+        activation="relu",
+        kernel_regularizer=keras.regularizers.L2(0.01 * (1 + i % 3)),
+    )(inputs)
+    head = keras.layers.Dense(1, bias_regularizer=keras.regularizers.L1L2(0.001, 0.002))
+    return keras.Model(inputs, head(h))
+
+
+def smooth_error(y_true, y_pred):
+    """A user's loss function: one value per sample, as Keras's own give."""
+    return keras.ops.mean(keras.ops.log(keras.ops.cosh(y_pred - y_true)), axis=-1)
+
+
 def _data(config, rng):
     x = rng.normal(size=(BATCH * 2, 6)).astype("float32")
     kind = config["labels"]
@@ -115,6 +132,13 @@ CONFIGS = {
             "loss": {"a": "mse", "b": "mae"},
             "metrics": {"a": ["mae"]},
         },
+    },
+    # A user's loss function and members' own regularizers, padded.
+    "user_loss": {
+        "build": _regularized,
+        "labels": "real",
+        "compile": lambda: {"optimizer": "adam", "loss": smooth_error, "metrics": ["mae"]},
+        "sample_weight": True,
     },
 }
 

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 from pack_builders import copy_model, mlp
-from step_counts import CONFIGS, fit_one_batch, step_counts
+from step_counts import CONFIGS, fit_one_batch, smooth_error, step_counts
 
 import keras_gpushare as kg
 
@@ -112,7 +112,9 @@ def _flat(small: int, large: int) -> bool:
 
 
 @COUNTED
-@pytest.mark.parametrize("config", ["binary", "sparse", "categorical", "regression", "two_outputs"])
+@pytest.mark.parametrize(
+    "config", ["binary", "sparse", "categorical", "regression", "two_outputs", "user_loss"]
+)
 def test_the_compiled_step_does_not_grow_with_the_member_count(config):
     one, many = step_counts(config, 1), step_counts(config, 256)
     assert set(one) == set(many) and one
@@ -176,3 +178,44 @@ def test_two_output_members_train_stacked_as_each_ones_own_fit(binary_data, labe
 def test_every_counted_configuration_trains_fused(config):
     # The counted compile settings are valid fits on every backend, torch included.
     assert fit_one_batch(CONFIGS[config], 2, jit_compile=False)[0].engine == "fused"
+
+
+def _regularized_member(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10,))
+    h = keras.layers.Dense(
+        6 + 3 * seed, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01 * seed)
+    )(inputs)
+    head = keras.layers.Dense(1, bias_regularizer=keras.regularizers.L1L2(0.02, 0.01 * seed))
+    return keras.Model(inputs, head(h))
+
+
+@pytest.mark.parametrize("loss", ["per_sample", "per_batch"])
+def test_a_users_loss_and_members_regularizers_stacked_equal_each_ones_own_fit(binary_data, loss):
+    """A user's loss function compiled into every member is vectorized over the members
+    (one reducing over the batch itself runs per member), and the members' own L2/L1L2
+    strengths act on their own padded slices: logs and weights equal each member's fit."""
+    x, _ = binary_data
+    y = (x[:, :1] - 0.5 * x[:, 1:2]).astype("float32")
+    sample_weight = np.random.default_rng(3).random(len(x)).astype("float32")
+
+    def per_batch(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+    fn = {"per_sample": smooth_error, "per_batch": per_batch}[loss]
+    members = [_regularized_member(s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    pack = kg.ModelPack(members)
+    pack.compile(optimizer="adam", loss=fn, metrics=["mae"])
+    kwargs = dict(sample_weight=sample_weight, batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, y, epochs=2, **kwargs)
+    assert pack.engine == "fused"
+    for i, twin in enumerate(twins):
+        twin.compile(optimizer="adam", loss=fn, metrics=["mae"])
+        own = twin.fit(x, y, epochs=2, **kwargs)
+        for name in own.history:
+            np.testing.assert_allclose(
+                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
+            )
+        for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)

@@ -11,6 +11,7 @@ no extra state that a stateless (JAX) step would have to carry.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,11 +24,14 @@ from keras_gpushare.pack import _replicas, _slots
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
+from keras_gpushare.pack.engines._penalties import MemberPenalties
 from keras_gpushare.pack.engines._stacked_metric import StackedMetric, stacks
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
 from keras_gpushare.pack.fusion.base import host_zeros
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
+
+logger = logging.getLogger(__name__)
 
 
 class StackedMean(keras.metrics.Metric):
@@ -139,24 +143,51 @@ def _batch_size(x: Any) -> Any:
 
 
 def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> Any:
-    """One loss object computing every member's loss at once, or None.
+    """One loss computing every member's loss at once, or None.
 
-    That holds when every member has one output and the same loss of Keras's own (same
-    configuration, the default reduction) and no loss weights: then one call on the stacked
-    predictions gives the N losses, instead of N small loss computations in the step.
+    That holds when every member has one output, no loss weights, and either the same loss
+    of Keras's own (same configuration) or the very same loss object of the user's (one
+    function or `Loss` instance compiled into every member), with the default reduction:
+    then one call on the stacked predictions gives the N losses, instead of N small loss
+    computations in the step. A user's loss is called once per member's slice, vectorized
+    (`keras.ops.vectorized_map`), so it computes exactly what it computes for one model.
     """
     if any(args.get("loss_weights") is not None for args in compile_args):
         return None
     if any(data_lib.output_count(m) != 1 for m in members):
         return None
-    if not _alike_keras_losses(compile_args):
+    first = compile_args[0]["loss"]
+    if _alike_keras_losses(compile_args):
+        loss, vectorized = keras.losses.get(first), False
+    elif _one_user_loss(compile_args):
+        loss, vectorized = first, True
+    else:
         return None
-    loss = keras.losses.get(compile_args[0]["loss"])
     if not isinstance(loss, keras.losses.Loss):
         loss = _upstream.loss_function_wrapper()(loss)
     if getattr(loss, "reduction", None) != "sum_over_batch_size":
         return None
-    return loss
+    return _OneLoss(loss, vectorized)
+
+
+def _one_user_loss(compile_args: Sequence[dict]) -> bool:
+    """Whether every member compiles the very same loss object of the user's."""
+    first = compile_args[0]["loss"]
+    if isinstance(first, str) or not callable(first):
+        return False
+    return all(args["loss"] is first for args in compile_args)
+
+
+class _OneLoss:
+    """The loss every member compiles, and whether it is called member by member,
+    vectorized (a user's), or once on the stacked predictions (Keras's own)."""
+
+    def __init__(self, loss: keras.losses.Loss, vectorized: bool) -> None:
+        self.loss = loss
+        self.vectorized = vectorized
+        # False once a user's loss gave one value per batch (Keras weights such a loss
+        # otherwise) or could not be vectorized: it is then computed member by member.
+        self.per_sample = True
 
 
 def _keras_own_loss(spec: Any) -> bool:
@@ -179,12 +210,26 @@ def _keras_own_loss(spec: Any) -> bool:
     return True
 
 
-def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any) -> Any:
-    """Every member's loss, shape (N,), from one call on the stacked predictions."""
+def _stacked_losses(
+    fn: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any, vectorized: bool = False
+) -> Any:
+    """Every member's loss, shape (N,), from one call on the stacked predictions.
+
+    With `vectorized` (a user's loss) the call is vectorized over the members, each slice
+    converted as Keras's `Loss.__call__` converts one model's; None when it gives no
+    per-sample values (a loss reduced over the batch: Keras weights that otherwise).
+    """
     stacked = tree.flatten(_stacked_structure(y_pred))[0]
     y = tree.flatten(y)[0]
-    y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
-    values = ops.cast(loss.call(y, stacked), "float32")
+    if vectorized:
+        y = ops.convert_to_tensor(y, dtype=fn.dtype)
+        values = ops.vectorized_map(lambda p: fn.call(y, p), ops.cast(stacked, fn.dtype))
+        if len(values.shape) < 2:
+            return None
+    else:
+        y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
+        values = fn.call(y, stacked)
+    values = ops.cast(values, "float32")
     if sample_weight is not None:
         weight = ops.cast(tree.flatten(sample_weight)[0], "float32")
         while len(weight.shape) + 1 < len(values.shape):
@@ -194,29 +239,6 @@ def _stacked_losses(loss: keras.losses.Loss, y: Any, y_pred: Any, sample_weight:
         values = values * weight
     axes = tuple(range(1, len(values.shape)))
     return ops.sum(values, axis=axes) / ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
-
-
-def _regularized_parts(fused: Any, members: Sequence[keras.Model]) -> list:
-    """`(fused_variable, [(member, index, regularizer)])` for every stacked weight that a
-    member regularizes.
-
-    Each member's own regularizer of its own weight, as Keras applies it in that member's
-    `fit` (to its trainable weights only), whatever the other members use: strengths are
-    per-member data, and a member without a regularizer adds nothing.
-    """
-    trainable = [{id(v) for v in member.trainable_weights} for member in members]
-    result = []
-    for variable, parts in fused.member_variable_map(members):
-        owned = [
-            (j, index, own.regularizer)
-            for j, (own, index) in enumerate(parts)
-            if own is not None
-            and getattr(own, "regularizer", None) is not None
-            and id(own) in trainable[j]
-        ]
-        if owned:
-            result.append((variable, owned))
-    return result
 
 
 class FusedEngine(GradientEngine):
@@ -245,7 +267,7 @@ class FusedEngine(GradientEngine):
             self.fused = build_fused_model(self.members)
         else:
             self.fused = fuse_planned(self.members, fusion_plan)
-        self._regularized = _regularized_parts(self.fused, self.members)
+        self._penalties = MemberPenalties(self.fused, self.members)
         # The models whose weights each slice is: the members, or the models loaded into
         # their slots by values (`load_member`); `members` keep the losses and metrics the
         # step was traced with.
@@ -346,8 +368,21 @@ class FusedEngine(GradientEngine):
         """Every member's loss on this replica's batch, shape (k,), not scaled for replicas."""
         shared = self._labels_shared(y)
         loss = self._one_loss if shared else None
-        if loss is not None and (sample_weight is None or not tree.is_nested(sample_weight)):
-            return _stacked_losses(loss, y, y_pred, sample_weight)
+        if (
+            loss is not None
+            and loss.per_sample
+            and (sample_weight is None or not tree.is_nested(sample_weight))
+        ):
+            try:
+                losses = _stacked_losses(loss.loss, y, y_pred, sample_weight, loss.vectorized)
+            except Exception as e:  # a user's loss this backend cannot vectorize
+                if not loss.vectorized:
+                    raise
+                logger.debug("The members' loss is computed member by member: %s", e)
+                losses = None
+            if losses is not None:
+                return losses
+            loss.per_sample = False
         if self._losses_stacked:
             if not shared:
                 raise ValueError(_PER_MEMBER_LABELS)
@@ -403,25 +438,6 @@ class FusedEngine(GradientEngine):
             for _, fn, _, _ in parts
         )
 
-    def _penalties(self) -> Any:
-        """Every member's regularization penalty, shape (k,): what Keras adds to its loss.
-
-        Each member's own regularizers act on its own part of the stacked weights (padding
-        left out), so a member's logged loss includes its own penalty, as in plain `fit`,
-        whatever strengths the other members use.
-        """
-        terms: list[list[Any]] = [[] for _ in self.members]
-        for variable, parts in self._regularized:
-            value = ops.convert_to_tensor(variable)
-            for j, index, regularizer in parts:
-                part = value[j]
-                if index is not None:
-                    for axis, positions in enumerate(index):
-                        if positions is not None:
-                            part = ops.take(part, positions, axis=axis)
-                terms[j].append(ops.cast(regularizer(part), "float32"))
-        return ops.stack([ops.sum(ops.stack(t)) if t else ops.zeros(()) for t in terms])
-
     def loss(
         self, x: Any, y: Any, y_pred: Any, sample_weight: Any, status: Any, training: bool
     ) -> tuple[Any, Any]:
@@ -437,7 +453,7 @@ class FusedEngine(GradientEngine):
             boolean (k,) vector (all false outside training or with `on_nan="ignore"`).
         """
         losses = self._member_losses(y, y_pred, sample_weight)
-        if self._regularized:
+        if self._penalties:
             losses = losses + self._penalties()
         batch = ops.cast(_batch_size(x), "float32")
         if not training:
