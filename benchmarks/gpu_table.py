@@ -14,6 +14,11 @@ Measured in this run, every figure a median [min-max] over the repeats:
 - GPU utilisation and SM activity during each Keras fit (`UtilizationLogger`, means of the
   steady epochs) and during the torch run (the monitor's sampler), when pynvml and a GPU
   answer;
+- then, once, after the first repeat, the large packs (N = 256 and 1,024, 3 epochs; 1,024
+  only when 3x the 256 row's seconds are left): their model-samples/s against the N = 64
+  pack's, and the kernels of each pack's compiled training step (XLA fusions and custom
+  calls in its optimized HLO), a one-member pack's for reference: what a launch-bound GPU
+  pays a step;
 - then, once, after the first repeat: a KerasTuner search of its getting-started space
   (benchmarks/_tuner_spaces.py, RandomSearch, seed 1) at 32 and 64 trials, plain
   `keras_tuner.RandomSearch` against `ParallelTuner(executor="slots", parallel_trials=16)`
@@ -75,6 +80,10 @@ _GPU = {
     "epochs": 4,
     "warmup": 1,
     "members": [16, 64],
+    # Large packs, once (after the first repeat), timed and their step's kernels counted;
+    # 1024 only when 3x the 256 row's seconds are left. `guess_s`: the section's a priori
+    # estimate (building 1,280 members dominates it).
+    "large": {"members": [256, 1024], "epochs": 3, "guess_s": 60.0},
     "sequential": 2,
     "repeats": 3,
     "budget": 195.0,
@@ -95,9 +104,10 @@ _SMOKE = {
     "epochs": 3,
     "warmup": 1,
     "members": [16, 64],
+    "large": {"members": [128], "epochs": 3, "guess_s": 30.0},
     "sequential": 2,
     "repeats": 2,
-    "budget": 140.0,
+    "budget": 170.0,
     "tuner": {
         "samples": 256,
         "epochs": 2,
@@ -150,8 +160,12 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _keras_fit(n: int, pack: bool, data: tuple, sizes: dict[str, Any], monitor: bool) -> dict:
-    """One timed fit: a ModelPack of `n` seeds' MLPs, or one plain model (`pack=False`)."""
+def _keras_fit(
+    n: int, pack: bool, data: tuple, sizes: dict[str, Any], monitor: bool, count: bool = False
+) -> dict:
+    """One timed fit: a ModelPack of `n` seeds' MLPs, or one plain model (`pack=False`);
+    with `count`, the XLA kernels of the pack's training step too (`_step_kernels`, after
+    the timed fit)."""
     import keras
 
     import keras_gpushare as kg
@@ -191,6 +205,8 @@ def _keras_fit(n: int, pack: bool, data: tuple, sizes: dict[str, Any], monitor: 
         "epoch_s": timer.times,
         "engine": model.engine if pack else "plain",
     }
+    if count:
+        record["kernels"] = _step_kernels(model, x, y)
     if monitor:
         monitor_s = (marks[1].begin - marks[0].begin) + (marks[1].end - marks[0].end)
         record["e2e_s"] -= monitor_s
@@ -200,6 +216,27 @@ def _keras_fit(n: int, pack: bool, data: tuple, sizes: dict[str, Any], monitor: 
             record[name] = _mean(history.history.get(key, [])[steady])
         record["advice"] = logger.advice
     return record
+
+
+def _step_kernels(pack: Any, x: Any, y: Any) -> dict[str, int]:
+    """The kernels of the pack's compiled one-batch training step: XLA fusions and custom
+    calls (cuBLAS matmuls on a GPU), counted in its optimized HLO (as
+    tests/pack/step_counts.py counts them)."""
+    import re
+
+    import jax
+
+    state = (
+        [v.value for v in pack.trainable_variables],
+        [v.value for v in pack.non_trainable_variables],
+        [v.value for v in pack.optimizer.variables],
+        [v.value for v in pack.metrics_variables],
+    )
+    text = jax.jit(pack.train_step).lower(state, (x[:_BATCH], y[:_BATCH])).compile().as_text()
+    return {
+        "fusions": len(re.findall(r"\sfusion\(", text)),
+        "custom_calls": len(re.findall(r"\scustom-call\(", text)),
+    }
 
 
 def _warm_up_keras() -> None:
@@ -260,6 +297,45 @@ def _jax_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
         except Exception as e:  # a row that fails here is reported, the others still run
             traceback.print_exc()
             _emit({"kind": "error", "what": f"{what} N={n}", "error": f"{type(e).__name__}: {e}"})
+    return 0
+
+
+def _large_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
+    """The large packs (`sizes["large"]`), once: a timed fit each and its step's kernels,
+    and the kernels of a one-member pack's step for reference. A pack is not started when
+    less than 3x the previous row's seconds are left before `deadline`."""
+    _no_tensorflow()
+    import jax
+
+    from keras_gpushare._seeds_benchmark.workload import make_data
+
+    large = sizes["large"]
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus and not smoke:
+        _emit({"kind": "fatal", "error": f"JAX sees no GPU (devices: {jax.devices()})"})
+        return 2
+    monitor = _monitor_state(bool(gpus)) is None
+    _warm_up_keras()
+    data = make_data(sizes["samples"])
+    reference = make_data(4 * _BATCH, seed=2)
+    one = _keras_fit(1, True, reference, {**sizes, "epochs": 1}, False, count=True)
+    _emit({"kind": "large-reference", "kernels": one["kernels"]})
+    last_s = 0.0
+    for n in large["members"]:
+        left = large["deadline"] - time.time()
+        if 3 * last_s > left:
+            text = f"N={n} not started ({left:.0f} s left, the last row took {last_s:.0f} s)"
+            _emit({"kind": "large-note", "text": text})
+            break
+        began = time.time()
+        try:
+            fit = _keras_fit(n, True, data, {**sizes, "epochs": large["epochs"]}, monitor, True)
+        except Exception as e:  # reported under the table
+            traceback.print_exc()
+            _emit({"kind": "large-note", "text": f"N={n} failed: {type(e).__name__}: {e}"})
+            break
+        _emit({"kind": "large", "repeat": repeat, **fit})
+        last_s = time.time() - began
     return 0
 
 
@@ -555,8 +631,48 @@ def format_table(records: list[dict], sizes: dict[str, Any], meta: dict[str, Any
     notes += [f"{r['what']} failed: {r['error']}" for r in _runs(records, "error")]
     if notes:
         lines += [""] + [f"- {note}" for note in dict.fromkeys(notes)]
+    lines += _large_lines(records, sizes)
     lines += _tuner_lines(records, sizes["tuner"])
     return "\n".join(lines) + "\n"
+
+
+def _kernels(counts: dict[str, int]) -> str:
+    fusions, calls = counts["fusions"], counts["custom_calls"]
+    return f"{fusions + calls} ({fusions} + {calls})"
+
+
+def _large_lines(records: list[dict], sizes: dict[str, Any]) -> list[str]:
+    """The large packs' table, once one was measured or skipped, and its notes."""
+    runs, notes = _runs(records, "large"), [r["text"] for r in _runs(records, "large-note")]
+    if not runs and not notes:
+        return []
+    warmup, samples, large = sizes["warmup"], sizes["samples"], sizes["large"]
+    lines = [
+        "",
+        f"Large packs, one run each: the same MLP, {samples:,} samples x {large['epochs']} "
+        "epochs. Kernels: the XLA fusions + custom calls (cuBLAS matmuls on a GPU) of the "
+        "compiled one-batch training step, the launches a step costs.",
+        "",
+        "| N | end to end s | steady epoch s | steady model-samples/s | vs ModelPack N=64 | "
+        "kernels of the step | GPU util % | SM active % |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = _runs(records, "pack", 64)
+    base_rate = None
+    if base:
+        base_rate = statistics.median(64 * samples / _steady(r["epoch_s"], warmup) for r in base)
+    for r in _runs(records, "large-reference"):
+        lines.append(f"| 1 | - | - | - | - | {_kernels(r['kernels'])} | - | - |")
+    for r in runs:
+        steady = _steady(r["epoch_s"], warmup)
+        rate = r["n"] * samples / steady
+        ratio = f"{rate / base_rate:.2f}" if base_rate else "-"
+        lines.append(
+            f"| {r['n']} | {r['e2e_s']:.1f} | {steady:.3f} | {rate:,.0f} | {ratio} | "
+            f"{_kernels(r['kernels'])} | {_percent([r.get('util')])} | "
+            f"{_percent([r.get('sm_active')])} |"
+        )
+    return lines + ([""] + [f"- {note}" for note in notes] if notes else [])
 
 
 def _tuner_lines(records: list[dict], tuner: dict[str, Any]) -> list[str]:
@@ -676,6 +792,7 @@ class _Driver:
             self.say(f"\n== after repeat {repeat + 1} ({time.monotonic() - self.start:.0f} s)")
             self.say(self.write_table())
             if repeat == 0:
+                self._large()
                 self._tuner()
         self.say(f"gpu_table: done in {time.monotonic() - self.start:.0f} s")
         self.write_table()
@@ -702,7 +819,34 @@ class _Driver:
         self.say(f"\n== after the tuner searches ({time.monotonic() - self.start:.0f} s)")
         self.say(self.write_table())
 
-    def _worker(self, kind: str, repeat: int, tuner: dict[str, Any] | None = None) -> None:
+    def _large(self) -> None:
+        """The large packs, once, when their a priori estimate fits what is left of the
+        budget less the tuner section's estimate; at most `guess_s` x 2 seconds."""
+        large, tuner = self.sizes["large"], self.sizes["tuner"]
+        left = self.sizes["budget"] - (time.monotonic() - self.start)
+        searches = [s for s in _tuner_searches(tuner) if s[0] != "pack"]
+        after = tuner["guess_s"]["start"]
+        after += sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
+        if large["guess_s"] > left - after:
+            text = (
+                f"The large packs were not measured: their estimate, {large['guess_s']:.0f} s, "
+                f"and the tuner section's, {after:.0f} s, exceed the {left:.0f} s left."
+            )
+            self.records.append({"kind": "large-note", "text": text})
+            self.say(f"gpu_table: {text}")
+            return
+        deadline = time.time() + min(2 * large["guess_s"], left - after)
+        self._worker("large", 0, sizes={**self.sizes, "large": {**large, "deadline": deadline}})
+        self.say(f"\n== after the large packs ({time.monotonic() - self.start:.0f} s)")
+        self.say(self.write_table())
+
+    def _worker(
+        self,
+        kind: str,
+        repeat: int,
+        tuner: dict[str, Any] | None = None,
+        sizes: dict[str, Any] | None = None,
+    ) -> None:
         left = self.sizes["budget"] - (time.monotonic() - self.start)
         env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
         if kind == "torch":
@@ -718,11 +862,11 @@ class _Driver:
             "--repeat",
             str(repeat),
             "--sizes",
-            json.dumps({**self.sizes, "tuner": tuner or self.sizes["tuner"]}),
+            json.dumps({**(sizes or self.sizes), "tuner": tuner or self.sizes["tuner"]}),
         ] + (["--cpu-smoke"] if self.args.cpu_smoke else [])
-        if kind == "tuner":
-            what = "the tuner worker"
-            self.say(f"-- tuner worker ({left:.0f} s of budget left)")
+        if kind in ("tuner", "large"):
+            what = f"the {kind} worker"
+            self.say(f"-- {kind} worker ({left:.0f} s of budget left)")
         else:
             what = f"repeat {repeat + 1}: the {kind} worker"
             self.say(f"-- repeat {repeat + 1}: {kind} worker ({left:.0f} s of budget left)")
@@ -745,8 +889,8 @@ class _Driver:
 
     def _note(self, kind: str, text: str) -> None:
         """A note under the first table, or under the tuner table for the tuner worker's."""
-        if kind == "tuner":
-            self.records.append({"kind": "tuner-note", "text": text[0].upper() + text[1:]})
+        if kind in ("tuner", "large"):
+            self.records.append({"kind": f"{kind}-note", "text": text[0].upper() + text[1:]})
         else:
             self.notes.append(text)
 
@@ -787,13 +931,18 @@ def _summary(record: dict[str, Any], sizes: dict[str, Any]) -> str:
         return f"ModelPack N={record['n']} ({record['engine']}): {fit(record, record['n'])}"
     if kind == "torch":
         return f"torch-vmap N={record['n']}: {fit(record, record['n'])}"
+    if kind == "large":
+        kernels = _kernels(record["kernels"])
+        return f"large ModelPack N={record['n']}: {fit(record, record['n'])}, kernels {kernels}"
+    if kind == "large-reference":
+        return f"ModelPack N=1 step: kernels {_kernels(record['kernels'])}"
     if kind == "tuner":
         return (
             f"{_TUNER_NAMES[record['method']]}, {record['trials']} trials: "
             f"{record['seconds']:.1f} s ({record['completed']} completed)"
         )
-    if kind == "tuner-note":
-        return f"tuner: {record['text']}"
+    if kind in ("tuner-note", "large-note"):
+        return f"{kind[:-5]}: {record['text']}"
     return f"{kind}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "kind")
 
 
@@ -838,13 +987,20 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--budget", type=float, default=None, help="seconds for all runs")
     parser.add_argument("--sequential-at-most", type=int, default=None, dest="sequential")
-    parser.add_argument("--worker", choices=("jax", "torch", "tuner"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", choices=("jax", "torch", "tuner", "large"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         sizes = json.loads(args.sizes)
-        worker = {"jax": _jax_worker, "torch": _torch_worker, "tuner": _tuner_worker}[args.worker]
+        worker = {
+            "jax": _jax_worker,
+            "torch": _torch_worker,
+            "tuner": _tuner_worker,
+            "large": _large_worker,
+        }[args.worker]
         return worker(sizes, args.repeat, args.cpu_smoke)
     sizes = dict(_SMOKE if args.cpu_smoke else _GPU)
     for key in ("members", "samples", "repeats", "budget", "sequential"):
