@@ -17,6 +17,7 @@ with a chief that lacks it (a plain KerasTuner chief).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -439,9 +440,15 @@ def _serve_remote(oracle: Any, servicer: Any) -> None:
 
 
 def _supervise(oracle: Any, slots: list[_Slot], start: Any, spec_path: str) -> None:
+    """Restarts workers that die until the search is done. Once an error ends the search
+    (`oracle.fatal_error`), no trial begins (the oracle answers STOPPED) and the trials
+    running then end before this returns, so that none is left RUNNING in the project."""
     last_remote_log = time.monotonic()
     while True:
-        if oracle.fatal_error is not None:
+        # A worker that ended (a `FatalError` leaves its trial RUNNING, as in KerasTuner)
+        # is not waited for; the others' trials are.
+        ended = {slot.tuner_id for slot in slots if slot.finished}
+        if oracle.fatal_error is not None and not set(oracle.ongoing_trials) - ended:
             return
         for slot in slots:
             if slot.finished:
@@ -453,8 +460,11 @@ def _supervise(oracle: Any, slots: list[_Slot], start: Any, spec_path: str) -> N
                 slot.finished = True
                 continue
             if code == FATAL_EXIT_CODE:
-                oracle.fatal_error = _worker_fatal_error(fatal_path(spec_path, slot.tuner_id))
-                return
+                if oracle.fatal_error is None:
+                    path = fatal_path(spec_path, slot.tuner_id)
+                    oracle.fatal_error = _worker_fatal_error(path)
+                slot.finished = True
+                continue
             _handle_death(oracle, slot, code, start)
         if all(slot.finished for slot in slots):
             if not oracle.ongoing_trials:
@@ -499,7 +509,11 @@ def _handle_death(oracle: Any, slot: _Slot, code: int, start: Any) -> None:
     )
     slot.history.append(code)
     if oracle.fatal_error is not None:
+        # The search is ending: the worker is not restarted, its trial (if it ran one) is
+        # put back to run on resume.
         slot.finished = True
+        with contextlib.suppress(RuntimeError):  # the wrapped oracle's own stop, again
+            oracle.requeue(slot.tuner_id, reason)
         return
     oracle.requeue(slot.tuner_id, reason)
     ended = len(oracle.end_order)

@@ -160,9 +160,13 @@ class ParallelOracle(keras_tuner.Oracle):
             tuner_id: the id of the tuner slot asking; each running trial has its own.
 
         Returns:
-            A `keras_tuner.engine.trial.Trial`.
+            A `keras_tuner.engine.trial.Trial`: STOPPED once the wrapped oracle raised in
+            `end_trial` (`fatal_error`), so that the trials running then end and no new
+            one begins.
         """
         with self._lock:
+            if self.fatal_error is not None:
+                return trial_module.Trial(self.oracle.get_space(), status=TrialStatus.STOPPED)
             ongoing = self.oracle.ongoing_trials
             if (
                 self.parallel_trials is not None

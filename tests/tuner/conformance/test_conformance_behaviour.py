@@ -10,6 +10,7 @@ code in other processes), the case is an `xfail(strict=True)` saying why.
 
 import os
 import threading
+import time
 import warnings
 
 import keras
@@ -391,6 +392,33 @@ def test_trials_begun_alongside_the_last_failure_are_ended_too(tmp_path, k):
     assert statuses["kt"] == ["FAILED", "FAILED"]
     assert statuses[k][:2] == statuses["kt"]
     assert set(statuses[k]) == {"FAILED"}
+
+
+class SlowEpochs(keras.callbacks.Callback):
+    """Sleeps at each epoch's end: a trial that is still training while others fail."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(3.0)
+
+
+def test_a_workers_trial_running_when_failures_stop_the_search_ends_too(tmp_path):
+    """Worker processes: value 1 trains (slowly) while values 2 and 3 fail at once in the
+    other worker; the second failure stops the search, and the trial still training ends
+    before `search` raises, as in-process trials do: a reload sees no trial running."""
+    hypermodel = FailingBuild(bad=[2, 3, 4, 5], error=errors.FailedTrialError)
+    tuner = _failing_tuner(
+        PROCESSES, tmp_path, "workers", hypermodel, max_consecutive_failed_trials=2
+    )
+    with pytest.raises(RuntimeError, match="Number of consecutive failures"):
+        search(tuner, *data(), **dict(FIT, epochs=1), callbacks=[SlowEpochs()])
+    statuses = {t.trial_id: t.status for t in tuner.oracle.trials.values()}
+    assert statuses["0000"] == "COMPLETED", statuses
+    assert list(statuses.values()).count("FAILED") >= 2 and "RUNNING" not in statuses.values()
+    reloaded = _failing_tuner(
+        PROCESSES, tmp_path, "workers", hypermodel, overwrite=False, max_consecutive_failed_trials=2
+    )
+    assert {t.trial_id: t.status for t in reloaded.oracle.trials.values()} == statuses
+    assert not reloaded.oracle.ongoing_trials
 
 
 @pytest.mark.parametrize("append", [False, True], ids=["write", "append"])
