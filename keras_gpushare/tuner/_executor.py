@@ -74,6 +74,8 @@ class TrialCalls:
             each batch).
         epoch_end_hook: whether the tuner's class overrides `on_epoch_end` (which may read
             the models' optimizer state).
+        build_state: `build_state(model)`: what the build of `model` left of the random
+            generators (a `_data_orders.BuildState`), None when not known.
     """
 
     objective: Any
@@ -91,6 +93,7 @@ class TrialCalls:
     on_batch_end: Callable[..., None]
     batch_hooks: bool
     epoch_end_hook: bool
+    build_state: Callable[[keras.Model], Any] = lambda model: None
 
 
 class NextTrials(Protocol):

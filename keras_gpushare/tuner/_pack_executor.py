@@ -12,7 +12,8 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.tuner._executor import RoundExecutor, TrialCalls, TrialOutcome
+from keras_gpushare.tuner._data_orders import OrderCheck
+from keras_gpushare.tuner._executor import RoundExecutor, TrialCalls, TrialFeed, TrialOutcome
 from keras_gpushare.tuner._trial_callbacks import (
     BestCheckpoint,
     PackTrials,
@@ -38,6 +39,11 @@ class PackExecutor(RoundExecutor):
 
     def __init__(self, calls: TrialCalls) -> None:
         self.calls = calls
+        self._orders = OrderCheck((), {"shuffle": False})
+
+    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        self._orders = OrderCheck(fit_args, fit_kwargs)
+        super().run(feed, fit_args, fit_kwargs)
 
     def run_round(self, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
         """Trains `trials` (each with its `executions_per_trial` executions) together.
@@ -74,6 +80,7 @@ class PackExecutor(RoundExecutor):
             else:
                 runs.extend(trial_runs)
         for group in _groups(runs, fit_kwargs):
+            self._orders.together(group)
             _fit_group(calls, group, fit_args, fit_kwargs, outcomes, alone, paths)
         by_trial: dict[str, list[TrialRun]] = defaultdict(list)
         for run in runs:
@@ -198,7 +205,10 @@ def _prepare(calls: TrialCalls, trial: Trial, fit_kwargs: dict) -> list[TrialRun
         callbacks = calls.copy_callbacks(list(fit_kwargs.get("callbacks") or []))
         calls.configure_tensorboard(callbacks, trial, execution)
         model = calls.build_model(trial.hyperparameters)
-        runs.append(TrialRun(calls, trial, execution, model, callbacks, last_epoch, checkpoint))
+        state = calls.build_state(model)
+        runs.append(
+            TrialRun(calls, trial, execution, model, callbacks, last_epoch, checkpoint, state)
+        )
     return runs
 
 

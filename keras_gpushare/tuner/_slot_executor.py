@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.tuner._data_orders import OrderCheck
 from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome
 from keras_gpushare.tuner._pack_executor import (
     PackExecutor,
@@ -131,6 +132,7 @@ class SlotExecutor(PackExecutor):
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
         self._feed, self._fit_args, self._fit_kwargs = feed, fit_args, fit_kwargs
+        self._orders = OrderCheck(fit_args, fit_kwargs)
         self._programs = []
         self._numbers = itertools.count()
         self._slot_of: dict[str, int] = {}
@@ -279,6 +281,7 @@ class SlotExecutor(PackExecutor):
             if index is None:
                 continue
             program.pack.load_member(index, run.model)
+            self._orders.joins(run, program.runs)
             program.slots[index] = run
             self._begin(program, index, run)
             why = (
@@ -311,6 +314,7 @@ class SlotExecutor(PackExecutor):
                 )
                 self._alone[trial_id] = {"path": "alone", "why": why}
             return
+        self._orders.together(runs)
         fused = self._fuse_update(pack, runs)
         batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
         program = _Program(next(self._numbers), pack, runs, batch_key, batch_hooks)

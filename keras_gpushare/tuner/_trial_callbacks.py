@@ -88,6 +88,8 @@ class TrialRun:
             among them writes a file of its own until the execution ends: `_own_files`).
         last_epoch: the epoch count after which the trial stops (Hyperband budgets).
         checkpoint: the trial's `BestCheckpoint`, shared by its executions.
+        build_state: what its build left of the random generators (a
+            `_data_orders.BuildState`), None when not known.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class TrialRun:
         callbacks: list[keras.callbacks.Callback],
         last_epoch: int,
         checkpoint: BestCheckpoint,
+        build_state: Any = None,
     ) -> None:
         self.calls = calls
         self.trial = trial
@@ -108,6 +111,7 @@ class TrialRun:
         self._own_files = _own_files.redirect(callbacks, trial.trial_id, execution)
         self.last_epoch = last_epoch
         self.checkpoint = checkpoint
+        self.build_state = build_state
         self.index = -1
         self.active = True
         # The epoch this execution trains next, where its pack's epochs are not its own (the

@@ -7,6 +7,7 @@ import os
 import time
 import traceback
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -15,6 +16,7 @@ from keras_tuner import errors
 
 from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
+from keras_gpushare.tuner._data_orders import built
 from keras_gpushare.tuner._executor import AloneFallback, Executor, TrialCalls, TrialFeed
 from keras_gpushare.tuner.oracle import ParallelOracle
 
@@ -221,6 +223,8 @@ class ParallelTuner(keras_tuner.Tuner):
         )
         # Models `_declare` built for trials, taken by the executor: {id(hp): (hp, models)}.
         self._built: dict[int, tuple] = {}
+        # The random generators' state each trial model's build left (`_data_orders`).
+        self._build_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._executor = self._make_executor(self.executor)
 
     def _make_executor(self, executor: str) -> Executor:
@@ -264,6 +268,7 @@ class ParallelTuner(keras_tuner.Tuner):
             ),
             checkpoint_file=lambda trial_id: _upstream.checkpoint_file(self, trial_id),
             save_build_config=self._save_build_config,
+            build_state=self._build_states.get,
             batch_hooks=any(_overrides(type(self), n) for n in hooks[2:]),
             epoch_end_hook=_overrides(type(self), "on_epoch_end") is not None,
             **{name: self._hook(name) for name in hooks},
@@ -491,12 +496,13 @@ class ParallelTuner(keras_tuner.Tuner):
 
     def _build_trial_model(self, hp: Any) -> keras.Model:
         """`Tuner._try_build` without `clear_session` (the round's other models live on)."""
-        model = self._build_hypermodel(hp)
+        model, state = built(lambda: self._build_hypermodel(hp))
         if not isinstance(model, keras.Model):
             raise errors.FatalTypeError(
                 "Expected the model-building function, or HyperModel.build() to return a "
                 f"valid Keras Model instance. Received: {model} of type {type(model)}."
             )
+        self._build_states[model] = state
         size = _upstream.model_size(model)
         if self.max_model_size and size > self.max_model_size:
             raise errors.FailedTrialError(f"Oversized model: {size} parameters. Skip model.")

@@ -421,6 +421,50 @@ def test_a_workers_trial_running_when_failures_stop_the_search_ends_too(tmp_path
     assert not reloaded.oracle.ongoing_trials
 
 
+def _score_and_order_warnings(kind, tmp_path, **fit):
+    """Each trial's score (by its hyperparameters) and the data-order warnings shown."""
+    tuner = make(
+        kind,
+        objective="val_loss",
+        max_trials=4,
+        seed=3,
+        directory=str(tmp_path),
+        project_name=f"orders-{kind}-{fit.get('shuffle', True)}",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search(tuner, *data(), epochs=2, validation_split=0.25, verbose=0, **fit)
+    said = [w for w in caught if "one shuffled data order" in str(w.message)]
+    scores = {
+        tuple(sorted(t.hyperparameters.values.items())): t.score
+        for t in tuner.oracle.trials.values()
+    }
+    return scores, said
+
+
+@pytest.mark.parametrize("k", PARALLEL)
+def test_seeded_trials_trained_on_one_shuffled_order_are_warned_about(tmp_path, k):
+    """`build` seeds each model from its width, and `fit` shuffles by default: plain
+    KerasTuner shuffles each trial's data in the order its own `fit` draws; trials trained
+    together share one order, so some scores differ. The search says so, once; with
+    `shuffle=False` it says nothing and every trial scores as in KerasTuner."""
+    reference, said = _score_and_order_warnings("kt", tmp_path)
+    assert not said
+    scores, said = _score_and_order_warnings(k, tmp_path)
+    assert scores.keys() == reference.keys()
+    differ = [h for h in scores if abs(scores[h] - reference[h]) > 1e-6]
+    if k == 1:  # a round of one trial: its fit draws its own order
+        assert not said and not differ
+    else:
+        assert len(said) == 1 and differ, (said, differ)
+        assert "shuffle=False" in str(said[0].message)
+    scores, said = _score_and_order_warnings(k, tmp_path, shuffle=False)
+    reference, _ = _score_and_order_warnings("kt", tmp_path, shuffle=False)
+    assert not said
+    for hp, score in reference.items():
+        np.testing.assert_allclose(scores[hp], score, rtol=1e-4)
+
+
 @pytest.mark.parametrize("append", [False, True], ids=["write", "append"])
 @pytest.mark.parametrize("k", PARALLEL)
 def test_a_csv_logger_leaves_whole_trials_like_keras_tuner(tmp_path, k, append):
