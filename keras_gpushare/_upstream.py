@@ -265,12 +265,6 @@ def user_metrics(metrics: Any) -> tuple[Any, Any]:
     return metrics._user_metrics, metrics._user_weighted_metrics
 
 
-def weighted_metrics(metrics: Any) -> list[Any]:
-    """A built `CompileMetrics`'s weighted metrics, one entry per output (a list of metrics,
-    or None where none was given): `_flat_weighted_metrics`."""
-    return metrics._flat_weighted_metrics
-
-
 def loss_parts(loss: Any) -> list[tuple[Any, Any, Any, Any]]:
     """A built `CompileLoss`'s losses, one `(path, loss, loss_weight, tracker)` per output
     it computes a loss for (`path` into the model's outputs; `tracker`, the `Mean` logged
@@ -282,11 +276,12 @@ def loss_parts(loss: Any) -> list[tuple[Any, Any, Any, Any]]:
     ]
 
 
-def metric_parts(metrics: Any) -> list[tuple[str | None, list[Any]] | None]:
-    """A built `CompileMetrics`'s unweighted metrics, per output in the order of
-    `flat_outputs`: `(output_name, [metric, ...])`, or None for an output without any:
-    `_flat_metrics`."""
-    return [None if m is None else (m.output_name, list(m.metrics)) for m in metrics._flat_metrics]
+def metric_parts(metrics: Any, weighted: bool = False) -> list[tuple[str | None, list[Any]] | None]:
+    """A built `CompileMetrics`'s unweighted metrics (`weighted`: its weighted metrics), per
+    output in the order of `flat_outputs`: `(output_name, [metric, ...])`, or None for an
+    output without any: `_flat_metrics`, `_flat_weighted_metrics`."""
+    flat = metrics._flat_weighted_metrics if weighted else metrics._flat_metrics
+    return [None if m is None else (m.output_name, list(m.metrics)) for m in flat]
 
 
 def flat_outputs(metrics: Any, values: Any) -> list[Any]:

@@ -208,7 +208,7 @@ def test_model_strategy_is_none_without_one():
         assert _upstream.model_strategy(model) is strategy
 
 
-@covers("symbolic_build", "compile_loss", "compile_metrics", "weighted_metrics")
+@covers("symbolic_build", "compile_loss", "compile_metrics")
 def test_compiled_loss_and_metrics_after_a_symbolic_build():
     model = compiled_sequential(weighted_metrics=["mse"])
     assert not _upstream.compile_metrics(model).built
@@ -216,9 +216,10 @@ def test_compiled_loss_and_metrics_after_a_symbolic_build():
     _upstream.symbolic_build(model, batch)
     metrics = _upstream.compile_metrics(model)
     assert metrics.built
-    per_output = _upstream.weighted_metrics(metrics)
+    per_output = _upstream.metric_parts(metrics, weighted=True)
     assert len(per_output) == 1  # one output
-    assert [m.name for m in per_output[0].metrics] == ["mse"]
+    assert [m.name for m in per_output[0][1]] == ["mse"]
+    assert [m.name for m in _upstream.metric_parts(metrics)[0][1]] == ["mae"]
     y_pred = np.full((4, 2), 2.0, "float32")
     loss = _upstream.compile_loss(model)(batch[1], y_pred, None)
     assert float(keras.ops.convert_to_numpy(loss)) == pytest.approx(4.0)

@@ -133,6 +133,20 @@ CONFIGS = {
             "metrics": {"a": ["mae"]},
         },
     },
+    # Weighted metrics beside unweighted ones of the same names (Keras logs
+    # `weighted_accuracy`), with class weights.
+    "weighted": {
+        "build": _dense([8, 12], 1, (1, "sigmoid")),
+        "labels": "binary",
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy"],
+            # Few thresholds: the count is the same, TensorFlow's XLA compile at N=256 shorter.
+            "weighted_metrics": ["accuracy", keras.metrics.AUC(num_thresholds=10), "mse"],
+        },
+        "sample_weight": True,
+    },
     # A user's loss function and members' own regularizers, padded.
     "user_loss": {
         "build": _regularized,

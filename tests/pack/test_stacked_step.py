@@ -113,7 +113,8 @@ def _flat(small: int, large: int) -> bool:
 
 @COUNTED
 @pytest.mark.parametrize(
-    "config", ["binary", "sparse", "categorical", "regression", "two_outputs", "user_loss"]
+    "config",
+    ["binary", "sparse", "categorical", "regression", "two_outputs", "user_loss", "weighted"],
 )
 def test_the_compiled_step_does_not_grow_with_the_member_count(config):
     one, many = step_counts(config, 1), step_counts(config, 256)
@@ -219,3 +220,45 @@ def test_a_users_loss_and_members_regularizers_stacked_equal_each_ones_own_fit(b
             )
         for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weights", ["sample", "class"])
+def test_weighted_metrics_stacked_equal_each_ones_own_fit(binary_data, weights):
+    """`weighted_metrics` beside `metrics` of the same names (Keras logs the weighted ones
+    `weighted_<name>`), a confusion-matrix one among them, computed stacked with sample or
+    class weights: logs and `evaluate` equal each member's own."""
+    x, y = binary_data
+    kwargs = dict(batch_size=32, shuffle=False, verbose=0)
+    if weights == "sample":
+        kwargs["sample_weight"] = np.random.default_rng(4).random(len(x)).astype("float32")
+    else:
+        kwargs["class_weight"] = {0: 0.3, 1: 1.7}
+
+    def compile_args():
+        return {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy", keras.metrics.AUC(name="auc")],
+            "weighted_metrics": ["accuracy", keras.metrics.AUC(name="auc"), "mae"],
+        }
+
+    members = [mlp(4 + 2 * s, seed=s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    pack = kg.ModelPack(members)
+    pack.compile(**compile_args())
+    history = pack.fit(x, y, epochs=2, **kwargs)
+    assert pack.engine == "fused"
+    assert len(pack.metrics_variables) < 3 * 6  # stacked, not every member's own
+    weight = kwargs.get("sample_weight")
+    evaluated = pack.evaluate(x, y, sample_weight=weight, return_dict=True, verbose=0)
+    for i, twin in enumerate(twins):
+        twin.compile(**compile_args())
+        own = twin.fit(x, y, epochs=2, **kwargs)
+        alone = twin.evaluate(x, y, sample_weight=weight, return_dict=True, verbose=0)
+        assert {"weighted_accuracy", "weighted_auc", "mae"} <= set(own.history)
+        for name in own.history:
+            np.testing.assert_allclose(
+                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
+            )
+        for name in alone:
+            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)

@@ -53,11 +53,13 @@ class StackedMetric(keras.metrics.Metric):
         ]
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        """`y_true` as one member's labels, `y_pred` stacked `(N, B, ...)`."""
+        """`y_true` and `sample_weight` as one member's, `y_pred` stacked `(N, B, ...)`."""
 
         def one(args: Any) -> Any:
             values, pred = args
-            return self.template.stateless_update_state(list(values), y_true, pred)
+            return self.template.stateless_update_state(
+                list(values), y_true, pred, sample_weight=sample_weight
+            )
 
         values = [ops.convert_to_tensor(v) for v in self.stacked]
         new = ops.vectorized_map(one, (values, y_pred))

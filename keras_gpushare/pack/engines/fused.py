@@ -54,6 +54,11 @@ class StackedMean(keras.metrics.Metric):
         self.total.assign_add(values * weight)
         self.count.assign_add(weight)
 
+    def add(self, totals: Any, counts: Any) -> None:
+        """Adds `(N,)` sums and counts (each member's weighted sum and its weights')."""
+        self.total.assign_add(ops.cast(totals, self.dtype))
+        self.count.assign_add(ops.cast(counts, self.dtype))
+
     def reset_member(self, j: int) -> None:
         """Zeroes member j's running mean, leaving the others'."""
         for variable in (self.total, self.count):
@@ -75,6 +80,41 @@ class StackedMean(keras.metrics.Metric):
 
     def get_config(self) -> dict:
         return {"n_members": self.n_members, "name": self.name}
+
+
+def _figure_name(names: dict[str, int], output: str | None, metric: str, weighted: bool) -> str:
+    """A compiled metric's log name as Keras's `CompileMetrics.result` gives it: the output's
+    name first; a weighted metric whose name is taken prefixed `weighted_`; a name taken
+    again numbered. `names` counts the names given so far."""
+    name = f"{output}_{metric}" if output else metric
+    if name not in names:
+        names[name] = 1
+        return name
+    if weighted:
+        name = f"{output}_weighted_{metric}" if output else f"weighted_{metric}"
+        if name not in names:
+            names[name] = 1
+            return name
+    index = names[name]
+    names[name] += 1
+    return f"{name}_{index}"
+
+
+def _weighted_sums(values: Any, weight: Any) -> tuple[Any, Any]:
+    """Each member's weighted sum of `values` `(N, B, ...)` and the sum of its weights, as
+    Keras's `Mean.update_state` adds them (`reduce_to_samplewise_values`)."""
+    weight = ops.cast(weight, "float32")
+    rank = len(weight.shape)
+    if len(values.shape) - 1 > rank:
+        values = ops.mean(values, axis=tuple(range(1 + rank, len(values.shape))))
+    weight = ops.broadcast_to(weight, ops.shape(values)[1:])
+    values = values * weight
+    if rank > 1:
+        weight = ops.mean(weight, axis=tuple(range(1, rank)))
+    if len(values.shape) > 2:
+        values = ops.mean(values, axis=tuple(range(2, len(values.shape))))
+    total = ops.sum(values, axis=1)
+    return total, ops.ones_like(total) * ops.sum(weight)
 
 
 def _split(outputs: Any, n: int) -> list:
@@ -548,11 +588,12 @@ class FusedEngine(GradientEngine):
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.
 
-        Unweighted metrics that every member has alike (output by output), with shared
-        labels, are computed for all members at once on the stacked predictions into stacked
-        state (they ignore sample weights, as Keras's `metrics=` do): means of a function
-        (accuracy, MAE, top-k, ...) and the confusion-matrix metrics (AUC, precision,
-        recall, ...: `StackedMetric`). Other metrics are computed member by member.
+        Metrics and weighted metrics that every member has alike (output by output), with
+        shared labels, are computed for all members at once on the stacked predictions into
+        stacked state (`metrics=` ignore sample weights, `weighted_metrics=` take them, as
+        in Keras): means of a function (accuracy, MAE, top-k, ...) and the confusion-matrix
+        metrics (AUC, precision, recall, ...: `StackedMetric`). Other metrics are computed
+        member by member.
         """
         targets = self._targets(y, sample_weight)
         compiled_metrics = [_upstream.compile_metrics(member) for member in self.members]
@@ -566,7 +607,7 @@ class FusedEngine(GradientEngine):
         # that made the stacked state as it ran would change the state it carries.
         columns = self._shared_metric_columns(y) if self._metrics_stacked else None
         if columns is not None:
-            self._update_shared_metrics(columns, y, y_pred)
+            self._update_shared_metrics(columns, y, y_pred, sample_weight)
             return
         if self._metrics_stacked:
             raise ValueError(_PER_MEMBER_LABELS)
@@ -577,66 +618,79 @@ class FusedEngine(GradientEngine):
                 compiled.update_state(yj, pred, swj)
 
     def _shared_metric_columns(self, y: Any) -> list | None:
-        """Per metric, `(output, figure name, the members' metric objects)` when every
-        member's compiled metrics can be computed stacked: the same metrics, output by
-        output, each a mean of a function or a confusion-matrix metric."""
+        """Per metric, `(output, figure name, the members' metric objects, weighted)` when
+        every member's compiled metrics can be computed stacked: the same metrics and
+        weighted metrics, output by output, each a mean of a function or a
+        confusion-matrix metric; figures named as Keras's `CompileMetrics.result` names
+        them."""
         if not self._labels_shared(y):
             return None
         compiled = [_upstream.compile_metrics(m) for m in self.members]
         if any(c is None for c in compiled):
             return None if any(c is not None for c in compiled) else []
-        if not all(c.built for c in compiled) or any(
-            any(w is not None for w in _upstream.weighted_metrics(c)) for c in compiled
-        ):
-            return None
-        parts = [_upstream.metric_parts(c) for c in compiled]
-        if any(len(p) != len(parts[0]) for p in parts):
+        if not all(c.built for c in compiled):
             return None
         columns: list = []
-        for output, first in enumerate(parts[0]):
-            alike = [p[output] for p in parts]
-            if first is None:
-                if any(part is not None for part in alike):
-                    return None
-                continue
-            name, metrics = first
-            lists = [p[1] for p in alike if p is not None and p[0] == name]
-            if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
+        names: dict[str, int] = {}
+        for weighted in (False, True):
+            parts = [_upstream.metric_parts(c, weighted) for c in compiled]
+            if any(len(p) != len(parts[0]) for p in parts):
                 return None
-            for k, metric in enumerate(metrics):
-                column = [m[k] for m in lists]
-                stacked = isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
-                if not stacked or any(
-                    type(m) is not type(metric) or m.get_config() != metric.get_config()
-                    for m in column
-                ):
+            for output, first in enumerate(parts[0]):
+                alike = [p[output] for p in parts]
+                if first is None:
+                    if any(part is not None for part in alike):
+                        return None
+                    continue
+                name, metrics = first
+                lists = [p[1] for p in alike if p is not None and p[0] == name]
+                if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
                     return None
-                figure = f"{name}_{metric.name}" if name else metric.name
-                if figure in {c[1] for c in columns}:
-                    return None
-                columns.append((output, figure, column))
+                for k, metric in enumerate(metrics):
+                    column = [m[k] for m in lists]
+                    stacked = isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
+                    if not stacked or any(
+                        type(m) is not type(metric) or m.get_config() != metric.get_config()
+                        for m in column
+                    ):
+                        return None
+                    figure = _figure_name(names, name, metric.name, weighted)
+                    columns.append((output, figure, column, weighted))
         return columns
 
-    def _update_shared_metrics(self, columns: list, y: Any, y_pred: Any) -> None:
+    def _update_shared_metrics(
+        self, columns: list, y: Any, y_pred: Any, sample_weight: Any
+    ) -> None:
         if not columns:
             return
         compiled = _upstream.compile_metrics(self.members[0])
         predictions = _upstream.flat_outputs(compiled, _stacked_structure(y_pred))
         labels = _upstream.flat_outputs(compiled, y)
-        for output, figure, column in columns:
+        weights = [None] * len(labels)
+        if sample_weight is not None:
+            weights = _upstream.flat_outputs(compiled, sample_weight)
+            if len(weights) < len(labels):  # one weight for every output, as Keras repeats it
+                weights = [weights[0]] * len(labels)
+        for output, figure, column, weighted in columns:
             first, stacked, label = column[0], predictions[output], labels[output]
+            weight = weights[output] if weighted else None
             state = self._metric_state(first, figure)
             if isinstance(state, StackedMetric):
-                state.update_state(label, stacked)
+                state.update_state(label, stacked, weight)
                 continue
             fn, fn_kwargs = _upstream.wrapped_metric_function(first)
             broadcast = ops.broadcast_to(
                 ops.expand_dims(label, 0), (stacked.shape[0], *ops.shape(label))
             )
             values = ops.cast(fn(broadcast, stacked, **fn_kwargs), "float32")
-            axes = tuple(range(1, len(values.shape)))
-            count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
-            state.update_state(ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count)
+            if weight is None:
+                axes = tuple(range(1, len(values.shape)))
+                count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
+                state.update_state(
+                    ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count
+                )
+            else:
+                state.add(*_weighted_sums(values, weight))
 
     def _metric_state(
         self, metric: keras.metrics.Metric, figure: str
@@ -659,7 +713,7 @@ class FusedEngine(GradientEngine):
         strategy variables must exist before the step runs on the replicas.
         """
         columns = self._shared_metric_columns(y)
-        for _, figure, column in columns or []:
+        for _, figure, column, _ in columns or []:
             self._metric_state(column[0], figure)
         # Once stacked, always: the figures are read from the stacked state from then on.
         self._metrics_stacked = self._metrics_stacked or (y is not None and bool(columns))
