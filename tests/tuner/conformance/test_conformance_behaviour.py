@@ -452,7 +452,8 @@ def test_seeded_trials_trained_on_one_shuffled_order_are_warned_about(tmp_path, 
     assert not said
     scores, said = _score_and_order_warnings(k, tmp_path)
     assert scores.keys() == reference.keys()
-    differ = [h for h in scores if abs(scores[h] - reference[h]) > 1e-6]
+    # rtol as this file's other score comparisons; orders move these scores by 1e-3 or more.
+    differ = [h for h in scores if not np.isclose(scores[h], reference[h], rtol=1e-4)]
     if k == 1:  # a round of one trial: its fit draws its own order
         assert not said and not differ
     else:
