@@ -512,6 +512,14 @@ def _runs(records: list[dict], kind: str, n: int | None = None) -> list[dict]:
     return [r for r in records if r["kind"] == kind and (n is None or r.get("n") == n)]
 
 
+def _tuner_section_estimate(tuner: dict[str, Any]) -> float:
+    """Seconds the tuner section's plain and slots searches should take, with its start,
+    from the a priori guesses (the pack searches run only as they fit)."""
+    searches = [s for s in _tuner_searches(tuner) if s[0] != "pack"]
+    start = tuner["guess_s"]["start"]
+    return start + sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
+
+
 def format_table(records: list[dict], sizes: dict[str, Any], meta: dict[str, Any]) -> str:
     """The markdown table of the records measured so far (medians [min-max] over repeats)."""
     env: dict[str, Any] = {}
@@ -803,9 +811,7 @@ class _Driver:
         it gets at most `cap_s` seconds of what is left."""
         tuner = self.sizes["tuner"]
         left = self.sizes["budget"] - (time.monotonic() - self.start)
-        searches = [s for s in _tuner_searches(tuner) if s[0] != "pack"]
-        estimate = tuner["guess_s"]["start"]
-        estimate += sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
+        estimate = _tuner_section_estimate(tuner)
         if estimate > left:
             text = (
                 f"The tuner table was not measured: its plain and slots searches' estimate, "
@@ -824,9 +830,7 @@ class _Driver:
         budget less the tuner section's estimate; at most `guess_s` x 2 seconds."""
         large, tuner = self.sizes["large"], self.sizes["tuner"]
         left = self.sizes["budget"] - (time.monotonic() - self.start)
-        searches = [s for s in _tuner_searches(tuner) if s[0] != "pack"]
-        after = tuner["guess_s"]["start"]
-        after += sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
+        after = _tuner_section_estimate(tuner)
         if large["guess_s"] > left - after:
             text = (
                 f"The large packs were not measured: their estimate, {large['guess_s']:.0f} s, "
