@@ -100,6 +100,35 @@ def _figure_name(names: dict[str, int], output: str | None, metric: str, weighte
     return f"{name}_{index}"
 
 
+def _alike_columns(parts: list) -> list | None:
+    """`(output, output name, member 0's metric, the members' metrics)` for each metric of
+    the members' `metric_parts` (one list per member), when every member has the same
+    metrics output by output, each a mean of a function or a confusion-matrix metric;
+    else None."""
+    if any(len(p) != len(parts[0]) for p in parts):
+        return None
+    found = []
+    for output, first in enumerate(parts[0]):
+        alike = [p[output] for p in parts]
+        if first is None:
+            if any(part is not None for part in alike):
+                return None
+            continue
+        name, metrics = first
+        lists = [p[1] for p in alike if p is not None and p[0] == name]
+        if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
+            return None
+        for k, metric in enumerate(metrics):
+            column = [m[k] for m in lists]
+            stacked = isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
+            if not stacked or any(
+                type(m) is not type(metric) or m.get_config() != metric.get_config() for m in column
+            ):
+                return None
+            found.append((output, name, metric, column))
+    return found
+
+
 def _weighted_sums(values: Any, weight: Any) -> tuple[Any, Any]:
     """Each member's weighted sum of `values` `(N, B, ...)` and the sum of its weights, as
     Keras's `Mean.update_state` adds them (`reduce_to_samplewise_values`)."""
@@ -633,29 +662,12 @@ class FusedEngine(GradientEngine):
         columns: list = []
         names: dict[str, int] = {}
         for weighted in (False, True):
-            parts = [_upstream.metric_parts(c, weighted) for c in compiled]
-            if any(len(p) != len(parts[0]) for p in parts):
+            found = _alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
+            if found is None:
                 return None
-            for output, first in enumerate(parts[0]):
-                alike = [p[output] for p in parts]
-                if first is None:
-                    if any(part is not None for part in alike):
-                        return None
-                    continue
-                name, metrics = first
-                lists = [p[1] for p in alike if p is not None and p[0] == name]
-                if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
-                    return None
-                for k, metric in enumerate(metrics):
-                    column = [m[k] for m in lists]
-                    stacked = isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
-                    if not stacked or any(
-                        type(m) is not type(metric) or m.get_config() != metric.get_config()
-                        for m in column
-                    ):
-                        return None
-                    figure = _figure_name(names, name, metric.name, weighted)
-                    columns.append((output, figure, column, weighted))
+            for output, output_name, metric, column in found:
+                figure = _figure_name(names, output_name, metric.name, weighted)
+                columns.append((output, figure, column, weighted))
         return columns
 
     def _update_shared_metrics(
