@@ -326,6 +326,12 @@ def wrapped_metric_function(metric: Any) -> tuple[Callable[..., Any], dict[str, 
     return metric._fn, metric._fn_kwargs
 
 
+def metric_built(metric: Any) -> bool:
+    """Whether a metric that makes its state on its first update (`F1Score`,
+    `R2Score`, ...) has made it; True for the others: `_built`."""
+    return bool(getattr(metric, "_built", True))
+
+
 def scale_loss_for_distribution(value: Any) -> Any:
     """Divides a loss by the number of replicas in sync, as Keras's losses do under a
     strategy: `keras.src.losses.loss.scale_loss_for_distribution`."""

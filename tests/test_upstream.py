@@ -386,6 +386,15 @@ def test_losses_and_metrics_made_of_a_function():
     assert fn is keras.metrics.binary_accuracy and kwargs == {"threshold": 0.3}
 
 
+@covers("metric_built")
+def test_metric_built_tells_when_a_lazily_built_metric_made_its_state():
+    for metric in (keras.metrics.F1Score(), keras.metrics.R2Score()):
+        assert not _upstream.metric_built(metric)
+        metric.update_state(np.zeros((2, 3), "float32"), np.zeros((2, 3), "float32"))
+        assert _upstream.metric_built(metric)
+    assert _upstream.metric_built(keras.metrics.AUC())
+
+
 @covers("scale_loss_for_distribution", "unscale_loss_for_distribution")
 def test_loss_scaling_for_distribution_round_trips():
     value = keras.ops.convert_to_tensor(3.0)

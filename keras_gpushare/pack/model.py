@@ -201,8 +201,14 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     @property
     def fusion_report(self) -> str:
-        """Why the members were or were not fused, layer by layer."""
-        return str(self._fusion_report)
+        """Why the members were or were not fused, layer by layer; once the pack has
+        trained or evaluated, what of the members' losses and metrics each fused group's
+        step computes member by member, and why."""
+        lines = [str(self._fusion_report)]
+        fused = [engine for engine in self._engines if engine.kind == "fused"]
+        for k, engine in enumerate(fused):
+            lines.extend(f"group {k}'s step: {note}" for note in engine.step_notes())
+        return "\n".join(lines)
 
     @property
     def engine_plan(self) -> planner.EnginePlan:

@@ -147,6 +147,21 @@ CONFIGS = {
         },
         "sample_weight": True,
     },
+    # Metrics that make or shape their state on their first update, beside RMSE and IoU.
+    "other_metrics": {
+        "build": _dense([8, 12], 1, (1, "sigmoid")),
+        "labels": "binary",
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": [
+                keras.metrics.F1Score(average="micro", threshold=0.5),
+                keras.metrics.BinaryIoU(),
+                keras.metrics.R2Score(),
+                keras.metrics.RootMeanSquaredError(),
+            ],
+        },
+    },
     # A user's loss function and members' own regularizers, padded.
     "user_loss": {
         "build": _regularized,

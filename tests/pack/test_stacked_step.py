@@ -114,7 +114,16 @@ def _flat(small: int, large: int) -> bool:
 @COUNTED
 @pytest.mark.parametrize(
     "config",
-    ["binary", "sparse", "categorical", "regression", "two_outputs", "user_loss", "weighted"],
+    [
+        "binary",
+        "sparse",
+        "categorical",
+        "regression",
+        "two_outputs",
+        "user_loss",
+        "weighted",
+        "other_metrics",
+    ],
 )
 def test_the_compiled_step_does_not_grow_with_the_member_count(config):
     one, many = step_counts(config, 1), step_counts(config, 256)
@@ -256,6 +265,74 @@ def test_weighted_metrics_stacked_equal_each_ones_own_fit(binary_data, weights):
         own = twin.fit(x, y, epochs=2, **kwargs)
         alone = twin.evaluate(x, y, sample_weight=weight, return_dict=True, verbose=0)
         assert {"weighted_accuracy", "weighted_auc", "mae"} <= set(own.history)
+        for name in own.history:
+            np.testing.assert_allclose(
+                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
+            )
+        for name in alone:
+            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+
+
+class _MeanPrediction(keras.metrics.Metric):
+    """A user's stateful metric: no stacked form, so computed member by member."""
+
+    def __init__(self, name="mean_prediction", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((), initializer="zeros", name="total")
+        self.count = self.add_variable((), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(keras.ops.cast(y_pred, "float32")))
+        self.count.assign_add(keras.ops.cast(keras.ops.size(y_pred), "float32"))
+
+    def result(self):
+        return self.total / keras.ops.maximum(self.count, 1.0)
+
+
+def _member_metrics(threshold):
+    # F1, IoU and R2 make or shape their state on their first update; a user's metric and
+    # a metric whose configuration differs per member (`hit`) are computed member by member.
+    return [
+        keras.metrics.F1Score(average="micro", threshold=0.5, name="f1"),
+        keras.metrics.BinaryIoU(name="iou"),
+        keras.metrics.R2Score(name="r2"),
+        keras.metrics.RootMeanSquaredError(name="rmse"),
+        _MeanPrediction(),
+        keras.metrics.BinaryAccuracy(threshold=threshold, name="hit"),
+    ]
+
+
+def test_other_metric_kinds_stacked_and_the_rest_member_by_member(binary_data):
+    """F-score, IoU, R2 and RMSE computed stacked; a user's metric and one configured per
+    member computed member by member beside them, as `fusion_report` says; every figure
+    equals the member's own fit and evaluate."""
+    x, y = binary_data
+    y = y.reshape(-1, 1).astype("float32")
+    kwargs = dict(batch_size=32, shuffle=False, verbose=0)
+    thresholds = (0.3, 0.5, 0.7)
+    members = [mlp(4 + 3 * s, seed=s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    pack = kg.ModelPack(members)
+    pack.compile(
+        optimizer="adam",
+        loss="binary_crossentropy",
+        metrics=[_member_metrics(t) for t in thresholds],
+    )
+    history = pack.fit(x, y, epochs=2, **kwargs)
+    evaluated = pack.evaluate(x, y, return_dict=True, verbose=0)
+    assert pack.engine == "fused"
+    report = pack.fusion_report
+    assert "group 0's step: metrics computed member by member: " in report
+    assert "mean_prediction (_MeanPrediction is not one of the metrics computed stacked)" in report
+    assert "hit (the members' metrics of this name differ)" in report
+    assert ("iou (torch cannot vectorize its update)" in report) == (BACKEND == "torch")
+    for name in ("f1", "r2", "rmse"):
+        assert f"{name} (" not in report
+    for i, (twin, threshold) in enumerate(zip(twins, thresholds)):
+        twin.compile(optimizer="adam", loss="binary_crossentropy", metrics=_member_metrics(threshold))
+        own = twin.fit(x, y, epochs=2, **kwargs)
+        alone = twin.evaluate(x, y, return_dict=True, verbose=0)
+        assert set(own.history) == {"loss", "f1", "iou", "r2", "rmse", "mean_prediction", "hit"}
         for name in own.history:
             np.testing.assert_allclose(
                 history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6

@@ -8,10 +8,21 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_gpushare import _upstream
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.fusion.base import host_zeros
 
 # Metrics whose state starts at zero and whose update and result map over a member axis
-# exactly (`ops.vectorized_map` of their stateless methods): the confusion-matrix family.
+# exactly (`ops.vectorized_map` of their stateless methods): the confusion-matrix family,
+# the F-scores, R2 and the root mean squared error; the IoU family except on torch, whose
+# `vmap` cannot map the scatter of their confusion matrix.
+_IOU = (
+    keras.metrics.IoU,
+    keras.metrics.MeanIoU,
+    keras.metrics.BinaryIoU,
+    keras.metrics.OneHotIoU,
+    keras.metrics.OneHotMeanIoU,
+)
 STACKABLE = (
     keras.metrics.AUC,
     keras.metrics.Precision,
@@ -24,6 +35,11 @@ STACKABLE = (
     keras.metrics.FalsePositives,
     keras.metrics.TrueNegatives,
     keras.metrics.FalseNegatives,
+    keras.metrics.FBetaScore,
+    keras.metrics.F1Score,
+    keras.metrics.R2Score,
+    keras.metrics.RootMeanSquaredError,
+    *(() if BACKEND.name == "torch" else _IOU),
 )
 
 
@@ -78,7 +94,33 @@ class StackedMetric(keras.metrics.Metric):
             variable.assign(values)
 
 
+def ready(metric: keras.metrics.Metric, pred_shape: Any) -> None:
+    """Makes the state of a metric that makes it on its first update (`F1Score`,
+    `R2Score`), for predictions of `pred_shape`: one update on zeros, then a reset."""
+    if _upstream.metric_built(metric):
+        return
+    zeros = np.zeros((1, *tuple(pred_shape)[1:]), dtype="float32")
+    metric.update_state(zeros, zeros)
+    metric.reset_state()
+
+
 def stacks(metric: keras.metrics.Metric) -> bool:
     """Whether `metric` can be one of a `StackedMetric`'s members: one of `STACKABLE`
-    exactly (not a subclass, whose update may differ) with a single-number result."""
-    return type(metric) in STACKABLE and len(ops.shape(metric.result())) == 0
+    exactly (not a subclass, whose update may differ), its state made, with a
+    single-number result."""
+    return (
+        type(metric) in STACKABLE
+        and _upstream.metric_built(metric)
+        and len(ops.shape(metric.result())) == 0
+    )
+
+
+def why_not(metric: keras.metrics.Metric) -> str:
+    """Why `metric` (not stacked) is computed member by member, in a few words."""
+    if type(metric) not in STACKABLE:
+        if isinstance(metric, _IOU) and BACKEND.name == "torch":
+            return "torch cannot vectorize its update"
+        return f"{type(metric).__name__} is not one of the metrics computed stacked"
+    if not _upstream.metric_built(metric):
+        return "its state could not be made before the first step"
+    return "its result is not one number"

@@ -206,6 +206,11 @@ class Engine:
         """
         return self.members[j].optimizer
 
+    def step_notes(self) -> list[str]:
+        """What of the members' losses and metrics the step computes member by member, and
+        why: lines of `ModelPack.fusion_report` (none but for fused groups)."""
+        return []
+
     def describe(self, index: int) -> str:
         """Where this engine's members train, as the pack's `summary` names it.
 

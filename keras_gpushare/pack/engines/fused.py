@@ -25,7 +25,7 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines._penalties import MemberPenalties
-from keras_gpushare.pack.engines._stacked_metric import StackedMetric, stacks
+from keras_gpushare.pack.engines._stacked_metric import StackedMetric, ready, stacks, why_not
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
 from keras_gpushare.pack.fusion.base import host_zeros
@@ -101,10 +101,11 @@ def _figure_name(names: dict[str, int], output: str | None, metric: str, weighte
 
 
 def _alike_columns(parts: list) -> list | None:
-    """`(output, output name, member 0's metric, the members' metrics)` for each metric of
-    the members' `metric_parts` (one list per member), when every member has the same
-    metrics output by output, each a mean of a function or a confusion-matrix metric;
-    else None."""
+    """`(output, output name, member 0's metric, the members' metrics, stacked)` for each
+    metric of the members' `metric_parts` (one list per member), when every member has
+    metrics of the same names output by output; else None. `stacked` when the column's
+    metrics are alike (class and configuration), each a mean of a function or a
+    `StackedMetric` kind: computed once for all members; else member by member."""
     if any(len(p) != len(parts[0]) for p in parts):
         return None
     found = []
@@ -120,13 +121,23 @@ def _alike_columns(parts: list) -> list | None:
             return None
         for k, metric in enumerate(metrics):
             column = [m[k] for m in lists]
-            stacked = isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
-            if not stacked or any(
-                type(m) is not type(metric) or m.get_config() != metric.get_config() for m in column
-            ):
+            if any(m.name != metric.name for m in column):
                 return None
-            found.append((output, name, metric, column))
+            stacked = (
+                isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
+            ) and all(
+                type(m) is type(metric) and m.get_config() == metric.get_config() for m in column
+            )
+            found.append((output, name, metric, column, stacked))
     return found
+
+
+def _own_reason(column: list) -> str:
+    """Why a column of metrics (one per member, of one name) is computed member by member."""
+    first = column[0]
+    if any(type(m) is not type(first) or m.get_config() != first.get_config() for m in column):
+        return "the members' metrics of this name differ"
+    return why_not(first)
 
 
 def _weighted_sums(values: Any, weight: Any) -> tuple[Any, Any]:
@@ -351,10 +362,15 @@ class FusedEngine(GradientEngine):
         self._one_loss = None
         self._losses_alike = False
         self._losses_stacked = False
-        # Whether the members' compiled metrics are all computed stacked (`metric_states`):
-        # their own metric variables then stay out of the step (on JAX each would be two
-        # buffers a call, in and out).
+        # Whether the members' compiled metrics are computed column by column
+        # (`_shared_metric_columns`): stacked where they can be (`metric_states`), the
+        # others member by member (`_own_columns`, figure name and the members' metrics).
+        # The members' other metric variables then stay out of the step (on JAX each would
+        # be two buffers a call, in and out).
         self._metrics_stacked = False
+        self._own_columns: list[tuple[str, list]] = []
+        # Whether the step's losses and metrics are decided (`build_metric_states`).
+        self._step_planned = False
 
     def keras_objects(self) -> list:
         return [self.fused]
@@ -369,6 +385,8 @@ class FusedEngine(GradientEngine):
             compiled_loss = _upstream.compile_loss(member)
             if compiled_loss is not None and not self._losses_stacked:
                 result.extend(compiled_loss.metrics)
+        for _, column in self._own_columns:
+            result.extend(column)
         return result
 
     def configure(self, compile_args: Sequence[dict]) -> None:
@@ -617,12 +635,13 @@ class FusedEngine(GradientEngine):
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.
 
-        Metrics and weighted metrics that every member has alike (output by output), with
-        shared labels, are computed for all members at once on the stacked predictions into
-        stacked state (`metrics=` ignore sample weights, `weighted_metrics=` take them, as
-        in Keras): means of a function (accuracy, MAE, top-k, ...) and the confusion-matrix
-        metrics (AUC, precision, recall, ...: `StackedMetric`). Other metrics are computed
-        member by member.
+        With shared labels and metrics of the same names output by output, each metric
+        that every member has alike is computed for all members at once on the stacked
+        predictions into stacked state (`metrics=` ignore sample weights,
+        `weighted_metrics=` take them, as in Keras): means of a function (accuracy, MAE,
+        top-k, ...) and the `StackedMetric` kinds (AUC, precision, F1, R2, IoU, ...). Each
+        other metric is computed member by member, the others' still stacked; members
+        whose metrics differ in names are computed member by member altogether.
         """
         targets = self._targets(y, sample_weight)
         compiled_metrics = [_upstream.compile_metrics(member) for member in self.members]
@@ -636,7 +655,7 @@ class FusedEngine(GradientEngine):
         # that made the stacked state as it ran would change the state it carries.
         columns = self._shared_metric_columns(y) if self._metrics_stacked else None
         if columns is not None:
-            self._update_shared_metrics(columns, y, y_pred, sample_weight)
+            self._update_shared_metrics(columns, y, y_pred, sample_weight, compiled_metrics)
             return
         if self._metrics_stacked:
             raise ValueError(_PER_MEMBER_LABELS)
@@ -647,11 +666,10 @@ class FusedEngine(GradientEngine):
                 compiled.update_state(yj, pred, swj)
 
     def _shared_metric_columns(self, y: Any) -> list | None:
-        """Per metric, `(output, figure name, the members' metric objects, weighted)` when
-        every member's compiled metrics can be computed stacked: the same metrics and
-        weighted metrics, output by output, each a mean of a function or a
-        confusion-matrix metric; figures named as Keras's `CompileMetrics.result` names
-        them."""
+        """Per metric, `(output, figure name, the members' metric objects, weighted,
+        stacked)` when every member's compiled metrics can be computed column by column:
+        metrics and weighted metrics of the same names, output by output (`_alike_columns`);
+        figures named as Keras's `CompileMetrics.result` names them."""
         if not self._labels_shared(y):
             return None
         compiled = [_upstream.compile_metrics(m) for m in self.members]
@@ -665,17 +683,17 @@ class FusedEngine(GradientEngine):
             found = _alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
             if found is None:
                 return None
-            for output, output_name, metric, column in found:
+            for output, output_name, metric, column, stacked in found:
                 figure = _figure_name(names, output_name, metric.name, weighted)
-                columns.append((output, figure, column, weighted))
+                columns.append((output, figure, column, weighted, stacked))
         return columns
 
     def _update_shared_metrics(
-        self, columns: list, y: Any, y_pred: Any, sample_weight: Any
+        self, columns: list, y: Any, y_pred: Any, sample_weight: Any, compiled_metrics: list
     ) -> None:
         if not columns:
             return
-        compiled = _upstream.compile_metrics(self.members[0])
+        compiled = compiled_metrics[0]
         predictions = _upstream.flat_outputs(compiled, _stacked_structure(y_pred))
         labels = _upstream.flat_outputs(compiled, y)
         weights = [None] * len(labels)
@@ -683,9 +701,22 @@ class FusedEngine(GradientEngine):
             weights = _upstream.flat_outputs(compiled, sample_weight)
             if len(weights) < len(labels):  # one weight for every output, as Keras repeats it
                 weights = [weights[0]] * len(labels)
-        for output, figure, column, weighted in columns:
+        member_preds = None
+        for output, figure, column, weighted, together in columns:
             first, stacked, label = column[0], predictions[output], labels[output]
             weight = weights[output] if weighted else None
+            if not together:  # as Keras's `CompileMetrics.update_state`, member by member
+                if member_preds is None:
+                    member_preds = [
+                        _upstream.flat_outputs(c, p)
+                        for c, p in zip(compiled_metrics, self.member_outputs(y_pred))
+                    ]
+                for metric, preds in zip(column, member_preds):
+                    if weighted:
+                        metric.update_state(label, preds[output], weight)
+                    else:
+                        metric.update_state(label, preds[output])
+                continue
             state = self._metric_state(first, figure)
             if isinstance(state, StackedMetric):
                 state.update_state(label, stacked, weight)
@@ -724,11 +755,16 @@ class FusedEngine(GradientEngine):
         Without a strategy the first trace of the step may make it; under a `tf.distribute`
         strategy variables must exist before the step runs on the replicas.
         """
+        self._step_planned = True
+        self._ready_metrics()
         columns = self._shared_metric_columns(y)
-        for _, figure, column, _ in columns or []:
-            self._metric_state(column[0], figure)
+        for _, figure, column, _, stacked in columns or []:
+            if stacked:
+                self._metric_state(column[0], figure)
         # Once stacked, always: the figures are read from the stacked state from then on.
-        self._metrics_stacked = self._metrics_stacked or (y is not None and bool(columns))
+        if y is not None and columns and not self._metrics_stacked:
+            self._metrics_stacked = True
+            self._own_columns = [(f, column) for _, f, column, _, stacked in columns if not stacked]
         if y is None or not self._labels_shared(y) or not self._stackable_loss_parts():
             return
         for *_, tracker in _upstream.loss_parts(self._compile_loss()):
@@ -736,6 +772,55 @@ class FusedEngine(GradientEngine):
                 state = StackedMean(len(self.members), name=f"member_{tracker.name}")
                 self.tracker_states[tracker.name] = state
         self._losses_stacked = True
+
+    def _ready_metrics(self) -> None:
+        """Makes the state of member 0's metrics that make it on their first update (their
+        stacked state is shaped after it), for predictions of its outputs' shapes."""
+        compiled = _upstream.compile_metrics(self.members[0])
+        outputs = getattr(self.members[0], "outputs", None)
+        if compiled is None or not compiled.built or not outputs:
+            return
+        shapes = [tuple(t.shape) for t in tree.flatten(outputs)]
+        for weighted in (False, True):
+            parts = _upstream.metric_parts(compiled, weighted)
+            if len(parts) != len(shapes):
+                return
+            for part, shape in zip(parts, shapes):
+                for metric in part[1] if part is not None else ():
+                    ready(metric, shape)
+
+    def step_notes(self) -> list[str]:
+        """What of the members' losses and metrics the step computes member by member, and
+        why (`ModelPack.fusion_report`); empty when everything is stacked or before the
+        pack first trains or evaluates."""
+        notes: list[str] = []
+        if not self._step_planned:
+            return notes
+        one = self._one_loss
+        if one is not None and not one.per_sample:
+            notes.append(
+                "loss computed member by member: the loss gives one value per batch, or "
+                "this backend could not vectorize it"
+            )
+        elif one is None and not self._losses_stacked:
+            notes.append(
+                "loss computed member by member: the members' losses are not Keras's own or "
+                "one loss object of the user's (each output alike, default reduction), or "
+                "labels differ per member"
+            )
+        if self._own_columns:
+            own = "; ".join(
+                f"{figure} ({_own_reason(column)})" for figure, column in self._own_columns
+            )
+            notes.append(f"metrics computed member by member: {own}")
+        elif not self._metrics_stacked and any(
+            _upstream.compile_metrics(m) is not None for m in self.members
+        ):
+            notes.append(
+                "metrics computed member by member: the members' metrics differ in names, "
+                "or labels differ per member"
+            )
+        return notes
 
     def figures(self) -> GroupFigures:
         """The stacked loss and shared metrics as they are; other metrics member by member."""
@@ -746,13 +831,16 @@ class FusedEngine(GradientEngine):
         for member in self.members:
             items = {}
             compiled_metrics = _upstream.compile_metrics(member)
-            if not self.metric_states and compiled_metrics is not None:
+            if not self._metrics_stacked and compiled_metrics is not None:
                 items = dict(compiled_metrics.result())
             compiled_loss = _upstream.compile_loss(member)
             if compiled_loss is not None and not self.tracker_states:
                 for tracker in compiled_loss.metrics:
                     items[tracker.name] = tracker.result()
             own.append(items)
+        for figure, column in self._own_columns:
+            for items, metric in zip(own, column):
+                items[figure] = metric.result()
         return GroupFigures(self.loss_state.result(), ran, shared, own)
 
     # Members -----------------------------------------------------------------------------
