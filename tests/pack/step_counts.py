@@ -162,6 +162,15 @@ CONFIGS = {
             ],
         },
     },
+    # Members of different losses (`loss_cycle`, member i the i-th modulo), Keras's own
+    # and a user's.
+    "mixed_losses": {
+        "build": _dense([8, 12], 1, (1,)),
+        "labels": "real",
+        "compile": lambda: {"optimizer": "adam", "metrics": ["mae"]},
+        "loss_cycle": ["mse", "mae", smooth_error, "huber"],
+        "sample_weight": True,
+    },
     # A user's loss function and members' own regularizers, padded.
     "user_loss": {
         "build": _regularized,
@@ -178,7 +187,11 @@ def fit_one_batch(config: dict, n: int, jit_compile: bool):
     x, y = _data(config, rng)
     keras.utils.set_random_seed(0)
     pack = kg.ModelPack.from_builder(config["build"], n=n, fuse=True)
-    pack.compile(**config["compile"](), jit_compile=jit_compile)
+    compile_args = config["compile"]()
+    if "loss_cycle" in config:
+        cycle = config["loss_cycle"]
+        compile_args["loss"] = [cycle[i % len(cycle)] for i in range(n)]
+    pack.compile(**compile_args, jit_compile=jit_compile)
     kwargs = {}
     sample_weight = None
     if config.get("sample_weight"):

@@ -123,10 +123,13 @@ def _flat(small: int, large: int) -> bool:
         "user_loss",
         "weighted",
         "other_metrics",
+        "mixed_losses",
     ],
 )
 def test_the_compiled_step_does_not_grow_with_the_member_count(config):
-    one, many = step_counts(config, 1), step_counts(config, 256)
+    # Members of different losses: a call per loss, so from one member of each.
+    few = len(CONFIGS[config].get("loss_cycle", [None]))
+    one, many = step_counts(config, few), step_counts(config, 256)
     assert set(one) == set(many) and one
     for what in one:
         assert _flat(one[what], many[what]), (config, what, one[what], many[what])
@@ -329,7 +332,9 @@ def test_other_metric_kinds_stacked_and_the_rest_member_by_member(binary_data):
     for name in ("f1", "r2", "rmse"):
         assert f"{name} (" not in report
     for i, (twin, threshold) in enumerate(zip(twins, thresholds)):
-        twin.compile(optimizer="adam", loss="binary_crossentropy", metrics=_member_metrics(threshold))
+        twin.compile(
+            optimizer="adam", loss="binary_crossentropy", metrics=_member_metrics(threshold)
+        )
         own = twin.fit(x, y, epochs=2, **kwargs)
         alone = twin.evaluate(x, y, return_dict=True, verbose=0)
         assert set(own.history) == {"loss", "f1", "iou", "r2", "rmse", "mean_prediction", "hit"}
@@ -339,3 +344,34 @@ def test_other_metric_kinds_stacked_and_the_rest_member_by_member(binary_data):
             )
         for name in alone:
             np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+
+
+def test_members_of_different_losses_are_computed_a_group_a_loss(binary_data):
+    """Members compiled with different losses (Keras's own by configuration, a user's by
+    identity) are computed one call per loss on their rows of the stacked predictions: logs,
+    `evaluate` and weights equal each member's own fit, and nothing is reported per member."""
+    x, _ = binary_data
+    y = (x[:, :1] - 0.5 * x[:, 1:2]).astype("float32")
+    sample_weight = np.random.default_rng(5).random(len(x)).astype("float32")
+    losses = ["mse", "mae", smooth_error, keras.losses.Huber(delta=0.5), "mse"]
+    members = [mlp(4 + s, seed=s, out=None) for s in range(len(losses))]
+    twins = [copy_model(m) for m in members]
+    pack = kg.ModelPack(members)
+    pack.compile(optimizer="adam", loss=losses, metrics=["mae"])
+    kwargs = dict(sample_weight=sample_weight, batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, y, epochs=2, **kwargs)
+    evaluated = pack.evaluate(x, y, return_dict=True, verbose=0)
+    assert pack.engine == "fused"
+    assert "step: loss" not in pack.fusion_report
+    for i, (twin, loss) in enumerate(zip(twins, losses)):
+        twin.compile(optimizer="adam", loss=loss, metrics=["mae"])
+        own = twin.fit(x, y, epochs=2, **kwargs)
+        alone = twin.evaluate(x, y, return_dict=True, verbose=0)
+        for name in own.history:
+            np.testing.assert_allclose(
+                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
+            )
+        for name in alone:
+            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+        for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)

@@ -222,52 +222,83 @@ def _batch_size(x: Any) -> Any:
     return ops.shape(tree.flatten(x)[0])[0]
 
 
-def _one_loss_for_all(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> Any:
-    """One loss computing every member's loss at once, or None.
+def _loss_groups(
+    members: Sequence[keras.Model], compile_args: Sequence[dict]
+) -> list[_OneLoss] | None:
+    """The members' losses as groups each computed at once, or None.
 
-    That holds when every member has one output, no loss weights, and either the same loss
-    of Keras's own (same configuration) or the very same loss object of the user's (one
-    function or `Loss` instance compiled into every member), with the default reduction:
-    then one call on the stacked predictions gives the N losses, instead of N small loss
-    computations in the step. A user's loss is called once per member's slice, vectorized
-    (`keras.ops.vectorized_map`), so it computes exactly what it computes for one model.
+    That holds when every member has one output and no loss weights, and each member's loss
+    is one of Keras's own (grouped by configuration) or a loss object of the user's (grouped
+    by identity: one function or `Loss` instance compiled into several members), with the
+    default reduction: then one call per group on its stacked predictions gives its
+    members' losses, instead of N small loss computations in the step. A user's loss is
+    called once per member's slice, vectorized (`keras.ops.vectorized_map`), so it computes
+    exactly what it computes for one model.
     """
     if any(args.get("loss_weights") is not None for args in compile_args):
         return None
     if any(data_lib.output_count(m) != 1 for m in members):
         return None
-    first = compile_args[0]["loss"]
-    if _alike_keras_losses(compile_args):
-        loss, vectorized = keras.losses.get(first), False
-    elif _one_user_loss(compile_args):
-        loss, vectorized = first, True
-    else:
-        return None
-    if not isinstance(loss, keras.losses.Loss):
-        loss = _upstream.loss_function_wrapper()(loss)
-    if getattr(loss, "reduction", None) != "sum_over_batch_size":
-        return None
-    return _OneLoss(loss, vectorized)
-
-
-def _one_user_loss(compile_args: Sequence[dict]) -> bool:
-    """Whether every member compiles the very same loss object of the user's."""
-    first = compile_args[0]["loss"]
-    if isinstance(first, str) or not callable(first):
-        return False
-    return all(args["loss"] is first for args in compile_args)
+    keys: dict[Any, list[int]] = {}
+    for j, args in enumerate(compile_args):
+        leaves = tree.flatten(args["loss"])
+        if len(leaves) != 1:
+            return None
+        spec = leaves[0]
+        if _keras_own_loss(spec):
+            key: Any = ("keras", keras.saving.serialize_keras_object(spec))
+        elif not isinstance(spec, str) and callable(spec):
+            key = ("user", id(spec))
+        else:
+            return None
+        keys.setdefault(str(key), []).append(j)
+    groups = []
+    for indices in keys.values():
+        spec = tree.flatten(compile_args[indices[0]]["loss"])[0]
+        vectorized = not _keras_own_loss(spec)
+        loss = spec if vectorized else keras.losses.get(spec)
+        if not isinstance(loss, keras.losses.Loss):
+            loss = _upstream.loss_function_wrapper()(loss)
+        if getattr(loss, "reduction", None) != "sum_over_batch_size":
+            return None
+        everyone = len(indices) == len(compile_args)
+        groups.append(_OneLoss(loss, vectorized, None if everyone else indices))
+    return groups
 
 
 class _OneLoss:
-    """The loss every member compiles, and whether it is called member by member,
-    vectorized (a user's), or once on the stacked predictions (Keras's own)."""
+    """A loss some members compile (`members`: their positions in the group, None for
+    all), and whether it is called member by member, vectorized (a user's), or once on
+    their stacked predictions (Keras's own)."""
 
-    def __init__(self, loss: keras.losses.Loss, vectorized: bool) -> None:
+    def __init__(
+        self, loss: keras.losses.Loss, vectorized: bool, members: list[int] | None
+    ) -> None:
         self.loss = loss
         self.vectorized = vectorized
+        self.members = members
         # False once a user's loss gave one value per batch (Keras weights such a loss
         # otherwise) or could not be vectorized: it is then computed member by member.
         self.per_sample = True
+
+
+def _grouped_losses(groups: list[_OneLoss], y: Any, y_pred: Any, sample_weight: Any) -> Any:
+    """Every member's loss, shape (N,), one `_stacked_losses` call per group on its
+    members' rows of the stacked predictions; None where a group's loss gives no
+    per-sample values (its `per_sample` then False)."""
+    stacked = tree.flatten(_stacked_structure(y_pred))[0]
+    parts, order = [], []
+    for group in groups:
+        rows = stacked if group.members is None else ops.take(stacked, group.members, axis=0)
+        values = _stacked_losses(group.loss, y, rows, sample_weight, group.vectorized)
+        if values is None:
+            group.per_sample = False
+            return None
+        if group.members is None:
+            return values
+        parts.append(values)
+        order.extend(group.members)
+    return ops.take(ops.concatenate(parts), np.argsort(order), axis=0)
 
 
 def _keras_own_loss(spec: Any) -> bool:
@@ -359,7 +390,7 @@ class FusedEngine(GradientEngine):
         # Members of several outputs: each output's loss tracker (`a_loss`), stacked, by
         # figure name, once their losses are computed stacked (`_losses_stacked`).
         self.tracker_states: dict[str, StackedMean] = {}
-        self._one_loss = None
+        self._loss_groups: list[_OneLoss] | None = None
         self._losses_alike = False
         self._losses_stacked = False
         # Whether the members' compiled metrics are computed column by column
@@ -390,8 +421,8 @@ class FusedEngine(GradientEngine):
         return result
 
     def configure(self, compile_args: Sequence[dict]) -> None:
-        self._one_loss = _one_loss_for_all(self.members, compile_args)
-        self._losses_alike = self._one_loss is None and _losses_alike(self.members, compile_args)
+        self._loss_groups = _loss_groups(self.members, compile_args)
+        self._losses_alike = self._loss_groups is None and _losses_alike(self.members, compile_args)
 
     def supports_jit(self) -> bool:
         """Keras's rule for the fused model, except on torch and on a TensorFlow CPU.
@@ -429,7 +460,7 @@ class FusedEngine(GradientEngine):
         for variable, before in kept:
             keep = ops.reshape(active, (len(self.members),) + (1,) * (len(before.shape) - 1))
             variable.assign(ops.where(keep, ops.convert_to_tensor(variable), before))
-        if training and self._one_loss is not None:
+        if training and self._loss_groups is not None:
             # One output, one loss: the training step reads the stacked output directly;
             # N slices stacked back together would cost N full-size gradient terms.
             return tree.flatten(outputs)[0]
@@ -454,22 +485,23 @@ class FusedEngine(GradientEngine):
     def _member_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         """Every member's loss on this replica's batch, shape (k,), not scaled for replicas."""
         shared = self._labels_shared(y)
-        loss = self._one_loss if shared else None
+        groups = self._loss_groups if shared else None
         if (
-            loss is not None
-            and loss.per_sample
+            groups is not None
+            and all(group.per_sample for group in groups)
             and (sample_weight is None or not tree.is_nested(sample_weight))
         ):
             try:
-                losses = _stacked_losses(loss.loss, y, y_pred, sample_weight, loss.vectorized)
+                losses = _grouped_losses(groups, y, y_pred, sample_weight)
             except Exception as e:  # a user's loss this backend cannot vectorize
-                if not loss.vectorized:
+                if not any(group.vectorized for group in groups):
                     raise
                 logger.debug("The members' loss is computed member by member: %s", e)
+                for group in groups:
+                    group.per_sample = not group.vectorized
                 losses = None
             if losses is not None:
                 return losses
-            loss.per_sample = False
         if self._losses_stacked:
             if not shared:
                 raise ValueError(_PER_MEMBER_LABELS)
@@ -796,13 +828,13 @@ class FusedEngine(GradientEngine):
         notes: list[str] = []
         if not self._step_planned:
             return notes
-        one = self._one_loss
-        if one is not None and not one.per_sample:
+        groups = self._loss_groups
+        if groups is not None and not all(group.per_sample for group in groups):
             notes.append(
-                "loss computed member by member: the loss gives one value per batch, or "
-                "this backend could not vectorize it"
+                "loss computed member by member: a user's loss gives one value per batch, "
+                "or this backend could not vectorize it"
             )
-        elif one is None and not self._losses_stacked:
+        elif groups is None and not self._losses_stacked:
             notes.append(
                 "loss computed member by member: the members' losses are not Keras's own or "
                 "one loss object of the user's (each output alike, default reduction), or "
