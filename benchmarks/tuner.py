@@ -4,7 +4,9 @@ Every method runs the same search (RandomSearch, or Hyperband with `--oracle hyp
 same seed, so the same hyperparameter sets) for the same epochs on the same data: plain
 KerasTuner one trial after the other; ParallelTuner with executor="pack" at K=4, 8, 16 trials
 per pack; with executor="slots" at K=8, 16 slots (`--slots`); with executor="processes" and
-2 workers. Two search spaces:
+2 workers; with `--devices 1,2`, one and two device workers (`ParallelTuner(devices=...)`:
+GPUs, or CPU workers on a machine without GPUs), each `--device-trials` trials at a time.
+Two search spaces:
 
 - `small` (default): one hidden layer of 32/64/128 units, dropout rate, log learning rate.
 - `getting-started`: KerasTuner's getting-started space on MNIST-shaped synthetic data
@@ -234,6 +236,19 @@ def run(method: str, k: int, args: argparse.Namespace, data: tuple, root: str) -
         tuner = keras_tuner.RandomSearch(
             hypermodel, objective="val_loss", max_trials=args.trials, seed=1, **common
         )
+    elif method == "devices":
+        # k workers, one per device (GPUs where there are, else CPU workers), each
+        # training --device-trials trials at a time with the default executor.
+        gpu = "GPU" in str(DEVICES[0]).upper()
+        tuner = kg.tuner.ParallelTuner(
+            hypermodel,
+            objective="val_loss",
+            max_trials=args.trials,
+            seed=1,
+            parallel_trials=args.device_trials,
+            devices=[str(i) if gpu else f"cpu{i}" for i in range(k)],
+            **common,
+        )
     else:
         tuner = kg.tuner.ParallelTuner(
             hypermodel,
@@ -272,6 +287,15 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2, help="processes executor workers")
     parser.add_argument(
+        "--devices",
+        default="",
+        help="worker counts of ParallelTuner(devices=...) to run, e.g. 1,2: one worker per "
+        "GPU, or CPU workers on a machine without GPUs",
+    )
+    parser.add_argument(
+        "--device-trials", type=int, default=8, help="parallel_trials of each device's worker"
+    )
+    parser.add_argument(
         "--bound",
         action="store_true",
         help="print each pack method's fixed and steady time, and its ratio with one program",
@@ -286,6 +310,7 @@ def main() -> None:
     methods += [("slots", int(k)) for k in args.slots.split(",") if k]
     if args.workers:
         methods.append(("processes", args.workers))
+    methods += [("devices", int(n)) for n in args.devices.split(",") if n]
     root = tempfile.mkdtemp(prefix="kg-tuner-bench-")
     search = (
         f"Hyperband, max_epochs {args.epochs}"
@@ -315,6 +340,8 @@ def main() -> None:
             baseline = baseline or seconds
             plain = "KerasTuner " + ("Hyperband" if args.oracle == "hyperband" else "RandomSearch")
             name = plain if method == "plain" else f"{method} K={k}"
+            if method == "devices":
+                name = f"devices {k}x K={args.device_trials}"
             used = ", ".join(f"{e} {n}" for e, n in sorted(engines.engines.items()))
             print(
                 f"{name:<22}{seconds:>9.1f}{baseline / seconds:>9.2f}x"

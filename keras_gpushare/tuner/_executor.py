@@ -128,9 +128,9 @@ class TrialFeed:
             trials instead with KerasTuner's own loop, one at a time under the tuner's id,
             each with the tuner's `run_trial`, recording `path` (a record of
             `ParallelTuner.trial_paths`) for each. Defaults to raising.
-        record_ended: `record_ended(path)`: records `path` for every ended trial that has
-            none (trials another process ran) and saves the tuner's state. Defaults to
-            raising.
+        record_ended: `record_ended(path, reported)`: records the paths workers reported
+            (`{trial_id: path}`), then `path` for every other ended trial that has none
+            (trials another process ran), and saves the tuner's state. Defaults to raising.
         remaining_trials: `remaining_trials()`: the trials the oracle will still create,
             or `None` when it cannot tell (Hyperband, a remote chief). Defaults to `None`
             always.
@@ -141,7 +141,7 @@ class TrialFeed:
     end_trials: Callable[[list, dict], None]
     remote: bool = False
     one_at_a_time: Callable[[dict, tuple, dict], None] = _not_given
-    record_ended: Callable[[dict], None] = _not_given
+    record_ended: Callable[[dict, dict], None] = _not_given
     remaining_trials: Callable[[], int | None] = lambda: None
 
 

@@ -35,6 +35,7 @@ import grpc
 import keras_tuner
 
 from keras_gpushare import _upstream
+from keras_gpushare.tuner._devices import worker_environment, worker_name
 from keras_gpushare.tuner._executor import Executor, TrialFeed
 
 logger = logging.getLogger("keras_gpushare.tuner")
@@ -108,6 +109,10 @@ class WorkerLaunch:
         tuner_class: the tuner's class, which each worker rebuilds.
         init_args: the positional arguments the tuner was made with.
         init_kwargs: the keyword arguments the tuner was made with.
+        devices: one entry per worker (`ParallelTuner(devices=...)`): each worker is
+            pinned to its device and streams its trials through the tuner's in-process
+            executor; empty for workers that share the device, each running one trial at
+            a time.
     """
 
     count: int
@@ -115,6 +120,7 @@ class WorkerLaunch:
     tuner_class: type
     init_args: tuple
     init_kwargs: dict
+    devices: tuple[str, ...] = ()
 
 
 class ProcessExecutor(Executor):
@@ -139,19 +145,25 @@ class ProcessExecutor(Executor):
         self.launch = launch
 
     def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
+        if feed.remote and self.launch.devices:
+            # A machine joining a remote chief: its device workers join it too.
+            _run_device_workers(self.oracle, self.tuner_id, self.launch, fit_args, fit_kwargs)
+            return
         if feed.remote:
             why = f"worker process {self.tuner_id} ran it alone with KerasTuner's `run_trial`"
             feed.one_at_a_time({"path": "worker", "why": why}, fit_args, fit_kwargs)
             return
-        _run_chief(self.oracle, self.launch, fit_args, fit_kwargs)
-        if self.launch.count:
+        paths = _run_chief(self.oracle, self.launch, fit_args, fit_kwargs)
+        if self.launch.devices:
+            why = "a device's worker process ran it; see its worker, program and slot"
+        elif self.launch.count:
             why = (
                 'a worker process (executor="processes") ran it alone with KerasTuner\'s '
                 "`run_trial`"
             )
         else:
             why = "a worker of this chief ran it; that worker's `trial_paths()` says how"
-        feed.record_ended({"path": "worker", "why": why})
+        feed.record_ended({"path": "worker", "why": why}, paths)
 
 
 def _spec_bytes(
@@ -221,7 +233,12 @@ def _check_main(main_names: list[str]) -> str | None:
 
 # mypy cannot check a base made at run time (KerasTuner's gRPC servicer, by `_upstream`).
 class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
-    """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE."""
+    """KerasTuner's servicer, holding CreateTrial while the oracle is IDLE, and keeping the
+    path each of this package's workers reports with a trial's end (`paths`)."""
+
+    def __init__(self, oracle: Any) -> None:
+        super().__init__(oracle)
+        self.paths: dict[str, dict] = {}
 
     def CreateTrial(self, request: Any, context: Any) -> Any:
         trial = self.next_trial(request.tuner_id)
@@ -241,7 +258,11 @@ class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
             return json.dumps(trial.get_state()).encode()
 
         def end(request: bytes, context: Any) -> bytes:
-            self.oracle.end_trial(trial_module.Trial.from_state(json.loads(request)))
+            payload = json.loads(request)
+            state = payload.get("trial", payload)  # a worker of an earlier release sends it bare
+            if payload.get("path") is not None:
+                self.paths[state["trial_id"]] = payload["path"]
+            self.oracle.end_trial(trial_module.Trial.from_state(state))
             return b""
 
         return grpc.method_handlers_generic_handler(
@@ -267,6 +288,8 @@ class ChiefClient:
         self._create = channel.unary_unary(f"/{_TRIALS_SERVICE}/CreateTrial")
         self._end = channel.unary_unary(f"/{_TRIALS_SERVICE}/EndTrial")
         self._whole = True
+        # Paths of trials this worker trained, sent with their ends (`record_path`).
+        self._paths: dict[str, dict] = {}
 
     def __getattr__(self, name: str) -> Any:
         if name == "client":  # not set yet (a copy being made): no recursion
@@ -290,10 +313,15 @@ class ChiefClient:
             return self.client.create_trial(tuner_id)
         return trial_module.Trial.from_state(json.loads(response))
 
+    def record_path(self, trial_id: str, path: dict) -> None:
+        """Sends `path` (see `ParallelTuner.trial_paths`) to the chief with the trial's end."""
+        self._paths[trial_id] = dict(path)
+
     def end_trial(self, trial: Trial) -> None:
         if not self.client.should_report:
             return
-        if self._call(self._end, trial.get_state()) is None:
+        payload = {"trial": trial.get_state(), "path": self._paths.pop(trial.trial_id, None)}
+        if self._call(self._end, payload) is None:
             self.client.end_trial(trial)
 
 
@@ -305,6 +333,7 @@ def chief_client(oracle: Any) -> Any:
 @dataclass
 class _Slot:
     tuner_id: str
+    device: str | None = None
     process: Any = None
     deaths: int = 0
     ended_at_death: int = -1
@@ -344,30 +373,18 @@ def _start_server(oracle: Any, bind: str, threads: int) -> tuple[grpc.Server, in
     return server, port, servicer
 
 
-def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: dict) -> None:
-    """Serves `oracle` until the search is done, with `launch.count` local workers.
+def _run_chief(
+    oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: dict
+) -> dict[str, dict]:
+    """Serves `oracle` until the search is done, with `launch.count` local workers; returns
+    the paths the workers reported with their trials' ends, by trial id.
 
     With none (KerasTuner's chief, `KERASTUNER_TUNER_ID=chief`, of an executor that runs
     trials in its own process), the chief only serves, as KerasTuner's does: its workers
     run the trials.
     """
     local = launch.count
-    spec_path = ""  # none written: no local workers
-    if local:
-        spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
-        main_path = _check_main(main_names)
-        header = WorkerHeader(
-            sys_path=list(sys.path),
-            cwd=os.getcwd(),
-            argv=list(sys.argv),
-            main_path=main_path,
-            main_package=_main_package(),
-            memory_limit_mb=launch.memory_limit_mb,
-        )
-        fd, spec_path = tempfile.mkstemp(prefix="kg-tuner-spec-", suffix=".pkl")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(header, f)
-            f.write(spec)
+    spec_path = _write_spec(launch, oracle, fit_args, fit_kwargs) if local else ""
     bind, dial = _chief_address()
     server, port, servicer = _start_server(oracle, bind, threads=max(local, 1) + 4)
     logger.info(
@@ -376,7 +393,10 @@ def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: d
         port,
         f"; starting {local} worker processes" if local else "",
     )
-    slots = [_Slot(f"worker{i}") for i in range(local)]
+    if launch.devices:
+        slots = [_Slot(worker_name(d), d) for d in launch.devices]
+    else:
+        slots = [_Slot(f"worker{i}") for i in range(local)]
 
     def start(slot: _Slot) -> None:
         env = {
@@ -385,12 +405,13 @@ def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: d
             "KERASTUNER_ORACLE_IP": dial,
             "KERASTUNER_ORACLE_PORT": str(port),
             "KERAS_GPUSHARE_TUNER_WORKER": slot.tuner_id,
+            **({} if slot.device is None else worker_environment(slot.device)),
         }
         command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
         slot.process = subprocess.Popen(command, env=env)
 
     try:
-        if slots and _search_is_over(oracle, slots[0].tuner_id):
+        if slots and _search_is_over(oracle, _first_ask(slots[0])):
             slots = []
         for slot in slots:
             start(slot)
@@ -408,6 +429,92 @@ def _run_chief(oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: d
                     os.remove(path)
     if oracle.fatal_error is not None:
         raise oracle.fatal_error
+    return servicer.paths
+
+
+def _write_spec(launch: WorkerLaunch, oracle: Any, fit_args: tuple, fit_kwargs: dict) -> str:
+    """Writes what the workers need (`WorkerHeader`, then the pickled tuner and search
+    arguments) to a temporary file; returns its path."""
+    spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
+    main_path = _check_main(main_names)
+    header = WorkerHeader(
+        sys_path=list(sys.path),
+        cwd=os.getcwd(),
+        argv=list(sys.argv),
+        main_path=main_path,
+        main_package=_main_package(),
+        memory_limit_mb=launch.memory_limit_mb,
+    )
+    fd, spec_path = tempfile.mkstemp(prefix="kg-tuner-spec-", suffix=".pkl")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(header, f)
+        f.write(spec)
+    return spec_path
+
+
+def _run_device_workers(
+    oracle: Any, tuner_id: str, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: dict
+) -> None:
+    """Runs one worker per device of this machine, each a worker of the remote chief this
+    process was pointed at (`KERASTUNER_ORACLE_IP`/`_PORT`) under `<tuner_id>-<device's
+    worker>`, until each is done. A worker that dies is started again under the same id,
+    and the chief gives it back the trials it was running, as KerasTuner's oracle does."""
+    spec_path = _write_spec(launch, oracle, fit_args, fit_kwargs)
+    slots = [_Slot(f"{tuner_id}-{worker_name(d)}", d) for d in launch.devices]
+
+    def start(slot: _Slot) -> None:
+        env = {
+            **os.environ,
+            "KERASTUNER_TUNER_ID": slot.tuner_id,
+            "KERAS_GPUSHARE_TUNER_WORKER": slot.tuner_id,
+            **worker_environment(str(slot.device)),
+        }
+        command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
+        slot.process = subprocess.Popen(command, env=env)
+
+    try:
+        for slot in slots:
+            start(slot)
+        while not all(slot.finished for slot in slots):
+            for slot in [s for s in slots if not s.finished]:
+                code = slot.process.poll()
+                if code is None:
+                    continue
+                if code in (0, FATAL_EXIT_CODE) or slot.deaths >= _MAX_WORKER_DEATHS:
+                    slot.finished = True
+                    if code == FATAL_EXIT_CODE:
+                        raise _worker_fatal_error(fatal_path(spec_path, slot.tuner_id))
+                    if code != 0:
+                        logger.error(
+                            "Worker %s died %d times; not restarting it.",
+                            slot.tuner_id,
+                            slot.deaths + 1,
+                        )
+                    continue
+                slot.deaths += 1
+                logger.warning("Worker %s exited with code %d; restarting it.", slot.tuner_id, code)
+                start(slot)
+            time.sleep(_POLL_S)
+    finally:
+        for slot in slots:
+            _stop_process(slot.process)
+        for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _first_ask(slot: _Slot) -> str:
+    """The tuner id a worker first asks for a trial with: a device's worker asks for its
+    slots (`<worker>-0`, ...), as an in-process executor does."""
+    return slot.tuner_id if slot.device is None else f"{slot.tuner_id}-0"
+
+
+def _owned(tuner_id: str, slot: _Slot) -> bool:
+    """Whether the trials `tuner_id` asked for are `slot`'s worker's."""
+    if tuner_id == slot.tuner_id:
+        return True
+    head, _, tail = tuner_id.rpartition("-")
+    return slot.device is not None and head == slot.tuner_id and tail.isdigit()
 
 
 def _search_is_over(oracle: Any, tuner_id: str) -> bool:
@@ -447,8 +554,9 @@ def _supervise(oracle: Any, slots: list[_Slot], start: Any, spec_path: str) -> N
     while True:
         # A worker that ended (a `FatalError` leaves its trial RUNNING, as in KerasTuner)
         # is not waited for; the others' trials are.
-        ended = {slot.tuner_id for slot in slots if slot.finished}
-        if oracle.fatal_error is not None and not set(oracle.ongoing_trials) - ended:
+        ended = [slot for slot in slots if slot.finished]
+        running = [t for t in oracle.ongoing_trials if not any(_owned(t, s) for s in ended)]
+        if oracle.fatal_error is not None and not running:
             return
         for slot in slots:
             if slot.finished:
@@ -513,19 +621,26 @@ def _handle_death(oracle: Any, slot: _Slot, code: int, start: Any) -> None:
         # put back to run on resume.
         slot.finished = True
         with contextlib.suppress(RuntimeError):  # the wrapped oracle's own stop, again
-            oracle.requeue(slot.tuner_id, reason)
+            _requeue(oracle, slot, reason)
         return
-    oracle.requeue(slot.tuner_id, reason)
+    _requeue(oracle, slot, reason)
     ended = len(oracle.end_order)
     slot.deaths = 1 if ended > slot.ended_at_death else slot.deaths + 1
     slot.ended_at_death = ended
     if slot.deaths > _MAX_WORKER_DEATHS:
         logger.error("%s; it died %d times in a row, not restarting it.", reason, slot.deaths)
         slot.finished = slot.gave_up = True
-        oracle.release(slot.tuner_id)
+        for tuner_id in [t for t in list(oracle.tuner_ids) if _owned(t, slot)]:
+            oracle.release(tuner_id)
         return
     logger.warning("%s; restarting it.", reason)
     start(slot)
+
+
+def _requeue(oracle: Any, slot: _Slot, reason: str) -> None:
+    """Puts the trials `slot`'s dead worker was running back in the queue."""
+    for tuner_id in [t for t in list(oracle.ongoing_trials) if _owned(t, slot)]:
+        oracle.requeue(tuner_id, reason)
 
 
 def _stop_process(process: Any) -> None:

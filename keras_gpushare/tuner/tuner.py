@@ -8,6 +8,7 @@ import time
 import traceback
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -17,6 +18,7 @@ from keras_tuner import errors
 from keras_gpushare import _upstream
 from keras_gpushare.tuner import _state
 from keras_gpushare.tuner._data_orders import built
+from keras_gpushare.tuner._devices import device_entries
 from keras_gpushare.tuner._executor import AloneFallback, Executor, TrialCalls, TrialFeed
 from keras_gpushare.tuner.oracle import ParallelOracle
 
@@ -104,9 +106,17 @@ class ParallelTuner(keras_tuner.Tuner):
             `"pack"` on TensorFlow and torch. Defaults to `"auto"`.
         fuse: passed to `ModelPack` (`"auto"`, `True`, `False`). Defaults to `"auto"`.
         seed: seed of the default oracle. Defaults to `None`.
-        memory_limit_mb: with `executor="processes"` on a GPU, each worker's memory cap in
-            MiB (`kg.share_gpu(memory_limit_mb=...)`); `None` turns on memory growth
-            instead. Defaults to `None`.
+        memory_limit_mb: with `executor="processes"` or `devices` on a GPU, each worker's
+            memory cap in MiB (`kg.share_gpu(memory_limit_mb=...)`); `None` turns on memory
+            growth instead. Defaults to `None`.
+        devices: `None` (this process trains the trials, on its first GPU), `"all"` (every
+            GPU of this machine that `CUDA_VISIBLE_DEVICES` shows, or all of them), or a
+            list of GPU indices or UUIDs: one worker process per entry, pinned to its GPU
+            (`CUDA_VISIBLE_DEVICES`) before its framework starts, each training
+            `parallel_trials` trials at a time with `executor`, coordinated by KerasTuner's
+            chief/worker protocol on localhost (the chief runs in `search`). On a machine
+            without GPUs, the entries name CPU workers (`devices=["cpu0", "cpu1"]`). Not
+            with `executor="processes"`. Defaults to `None`.
         directory: the folder holding projects. Defaults to `None` (the current folder).
         project_name: the project's folder name. Defaults to `None` ("untitled_project").
         overwrite: start afresh instead of resuming the project. Defaults to `False`.
@@ -163,12 +173,14 @@ class ParallelTuner(keras_tuner.Tuner):
         fuse: str | bool = "auto",
         seed: int | None = None,
         memory_limit_mb: int | None = None,
+        devices: str | Sequence[str | int] | None = None,
         directory: str | None = None,
         project_name: str | None = None,
         overwrite: bool = False,
         **kwargs: Any,
     ) -> None:
         _check_arguments(parallel_trials, executor, fuse, memory_limit_mb)
+        devices = _checked_devices(devices, executor)
         if hypermodel is None and _overrides(type(self), "run_trial") is None:
             # KerasTuner's own check; ParallelTuner overrides `run_trial`, which hides it.
             raise ValueError(
@@ -208,6 +220,7 @@ class ParallelTuner(keras_tuner.Tuner):
         self.executor = _resolved_executor(executor)
         self.fuse = fuse
         self.memory_limit_mb = memory_limit_mb
+        self.devices = devices
         # Filled by `set_state` when KerasTuner's `__init__` reloads the project.
         self._trial_paths: dict[str, dict[str, str]] = {}
         super().__init__(
@@ -240,10 +253,15 @@ class ParallelTuner(keras_tuner.Tuner):
 
         args, kwargs = self._init_call
 
-        def processes(count: int) -> Executor:
-            launch = WorkerLaunch(count, self.memory_limit_mb, type(self), args, kwargs)
+        def processes(count: int, devices: tuple[str, ...] = ()) -> Executor:
+            launch = WorkerLaunch(count, self.memory_limit_mb, type(self), args, kwargs, devices)
             return ProcessExecutor(self.oracle, self.tuner_id, launch)
 
+        if self.devices is not None and not os.environ.get(WORKER_ENV):
+            # The chief of one worker per device; each worker (this tuner rebuilt there)
+            # streams its trials through its own executor, below.
+            entries = device_entries(self.devices)
+            return processes(len(entries), entries)
         if _upstream.is_chief_oracle() and executor != "processes":
             return processes(0)
         executors = {
@@ -552,6 +570,8 @@ class ParallelTuner(keras_tuner.Tuner):
           fused, some on the graph engine), `"alone"` (with KerasTuner's own `run_trial`),
           `"worker"` (in a worker process, `executor="processes"`) or `"not trained"`
           (building its model raised).
+        - `"worker"`: the worker process that trained it (its KerasTuner tuner id: `gpu1`
+          for the worker of GPU 1 with `devices`), when a worker reported its path.
         - `"why"`: the reason: the pack's planner's for `"fused"` and `"graph"` (padding,
           or why the model did not fuse), what made the trial run alone (its model
           overrides `train_step`, its pack raised, the tuner overrides `run_trial`, ...).
@@ -632,13 +652,20 @@ class ParallelTuner(keras_tuner.Tuner):
                 print(f"Path: {_path_line(self._trial_paths[trial.trial_id])}")  # noqa: T201
 
     def _record_path(self, trial_id: str, path: dict[str, str]) -> None:
-        """Keeps `path` as trial `trial_id`'s (saved with the tuner's state) and logs it."""
+        """Keeps `path` as trial `trial_id`'s (saved with the tuner's state) and logs it; a
+        worker also sends it to its chief with the trial's end, naming itself."""
+        if hasattr(self.oracle, "record_path"):  # a worker's `ChiefClient`
+            path = {**path, "worker": self.tuner_id}
+            self.oracle.record_path(trial_id, path)
         self._trial_paths[trial_id] = dict(path)
         logger.info("Trial %s: %s", trial_id, _path_line(path))
 
-    def _record_ended(self, path: dict[str, str]) -> None:
-        """Records `path` for the ended trials without one (another process ran them), and
+    def _record_ended(self, path: dict[str, str], reported: dict | None = None) -> None:
+        """Records the paths workers `reported` with their trials' ends (by trial id), then
+        `path` for the other ended trials without one (another process ran them), and
         saves."""
+        for trial_id, own in (reported or {}).items():
+            self._record_path(trial_id, own)
         ended = (TrialStatus.COMPLETED, TrialStatus.INVALID, TrialStatus.FAILED)
         for trial_id, trial in self.oracle.trials.items():
             if trial.status in ended and trial_id not in self._trial_paths:
@@ -677,7 +704,10 @@ def _overrides(cls: type, name: str) -> type | None:
 
 def _path_line(path: dict[str, str]) -> str:
     """A trial's path (see `ParallelTuner.trial_paths`) as one line of text."""
-    where = [f"pack of {path['pack']}"] if "pack" in path else []
+    # A device's worker, named beside the path it took there (a "worker" path's own
+    # reason names its worker).
+    where = [f"worker {path['worker']}"] if path.get("worker") and path["path"] != "worker" else []
+    where += [f"pack of {path['pack']}"] if "pack" in path else []
     where += [path["group"]] if "group" in path else []
     where += [f"program {path['program']}, slot {path['slot']}"] if "program" in path else []
     line = path["path"] + (f" ({'; '.join(where)})" if where else "") + f": {path['why']}"
@@ -698,6 +728,34 @@ def _resolved_executor(executor: str) -> str:
     if executor != "auto":
         return executor
     return "slots" if keras.backend.backend() == "jax" else "pack"
+
+
+def _checked_devices(devices: Any, executor: Any) -> str | tuple[str, ...] | None:
+    """`devices` as `ParallelTuner` keeps it, or a clear error."""
+    if devices is None or devices == "all":
+        checked = devices
+    elif (
+        isinstance(devices, (list, tuple))
+        and devices
+        and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in devices)
+        and all(str(d).strip() and "," not in str(d) for d in devices)
+        and len({str(d).strip() for d in devices}) == len(devices)
+    ):
+        checked = tuple(str(d).strip() for d in devices)
+    else:
+        raise ValueError(
+            f'Invalid value for argument `devices`: got {devices!r}. Expected None, "all" '
+            "(one worker per GPU of this machine) or a list of distinct GPU indices or UUIDs "
+            '(e.g. [0, 1], or ["cpu0", "cpu1"] for CPU workers on a machine without GPUs).'
+        )
+    if checked is not None and executor == "processes":
+        raise ValueError(
+            'Invalid arguments: `devices` with executor="processes". With `devices`, each '
+            "device's worker process trains `parallel_trials` trials at a time with the "
+            'in-process executor ("auto", "pack" or "slots"); executor="processes" starts '
+            "`parallel_trials` workers on one device instead. Pick one of the two."
+        )
+    return checked
 
 
 def _check_arguments(parallel_trials: Any, executor: Any, fuse: Any, memory_limit_mb: Any) -> None:

@@ -36,7 +36,13 @@ def test_the_chief_runs_the_trials_in_a_worker_process_and_records_their_path(tm
     )
     launch = WorkerLaunch(1, None, kg.tuner.ParallelTuner, (), init_kwargs)
     recorded = []
-    feed = TrialFeed(1, _unused, _unused, one_at_a_time=_unused, record_ended=recorded.append)
+    feed = TrialFeed(
+        1,
+        _unused,
+        _unused,
+        one_at_a_time=_unused,
+        record_ended=lambda path, reported: recorded.append((path, reported)),
+    )
 
     x, y = th.data(64)
     fit_kwargs = dict(epochs=1, validation_split=0.25, verbose=0)
@@ -45,7 +51,14 @@ def test_the_chief_runs_the_trials_in_a_worker_process_and_records_their_path(tm
     assert sorted(oracle.end_order) == ["0", "1"]
     assert all(t.status == "COMPLETED" and t.score is not None for t in oracle.trials.values())
     why = 'a worker process (executor="processes") ran it alone with KerasTuner\'s `run_trial`'
-    assert recorded == [{"path": "worker", "why": why}]
+    assert [path for path, _ in recorded] == [{"path": "worker", "why": why}]
+    # The worker reported each trial's own path with its end, naming itself.
+    reported = recorded[0][1]
+    assert sorted(reported) == ["0", "1"]
+    alone = "worker process worker0 ran it alone with KerasTuner's `run_trial`"
+    assert all(
+        p == {"path": "worker", "why": alone, "worker": "worker0"} for p in reported.values()
+    )
 
 
 def test_a_worker_runs_its_trials_one_at_a_time_with_keras_tuners_loop():

@@ -207,11 +207,15 @@ def test_the_chief_of_worker_processes_records_their_trials(tmp_path, capsys):
     kwargs = dict(build=th.build_mlp, executor="processes", max_trials=2, parallel_trials=2, seed=1)
     tuner = _tuner(tmp_path, "processes", **kwargs)
     _search(tuner)
-    why = 'a worker process (executor="processes") ran it alone with KerasTuner\'s `run_trial`'
-    expected = {trial_id: {"path": "worker", "why": why} for trial_id in tuner.oracle.trials}
-    assert sorted(expected) == ["0", "1"]
-    assert tuner.trial_paths() == expected
+    # Each worker reported its trials' paths, naming itself.
+    expected = tuner.trial_paths()
+    assert sorted(expected) == sorted(tuner.oracle.trials) == ["0", "1"]
+    for path in expected.values():
+        assert path["worker"] in ("worker0", "worker1")
+        why = f"worker process {path['worker']} ran it alone with KerasTuner's `run_trial`"
+        assert path == {"path": "worker", "why": why, "worker": path["worker"]}
     assert _tuner(tmp_path, "processes", **kwargs).trial_paths() == expected
     capsys.readouterr()
     tuner.results_summary()
-    assert capsys.readouterr().out.count(f"\nPath: worker: {why}\n") == 2
+    printed = capsys.readouterr().out
+    assert sum(printed.count(f"\nPath: worker: {p['why']}\n") for p in expected.values()) == 2

@@ -26,7 +26,8 @@ def _completed_files(project: str) -> dict:
 
 
 # `make test` (CI) kills the pack executor's search mid-fit and mid-write, the processes
-# executor's after a trial ended, and the slots executor's mid-fit and after a trial ended;
+# executor's and the device workers' chief after a trial ended, and the slots executor's
+# mid-fit and after a trial ended;
 # the pack executor's other two moments run in `make test-all`.
 @pytest.mark.parametrize(
     "point, executor",
@@ -36,6 +37,7 @@ def _completed_files(project: str) -> dict:
         pytest.param("created", "pack", marks=pytest.mark.slow),
         ("mid-write", "pack"),
         ("ended", "processes"),
+        ("ended", "devices"),
         ("fit", "slots"),
         ("ended", "slots"),
     ],
@@ -58,7 +60,7 @@ def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, poin
         objective="val_loss",
         max_trials=MAX_TRIALS,
         parallel_trials=2,
-        executor=executor,
+        **({"devices": [0, 1]} if executor == "devices" else {"executor": executor}),
         seed=5,
         directory=str(tmp_path),
         project_name="search",

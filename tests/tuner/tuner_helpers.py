@@ -98,3 +98,37 @@ def script_env() -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
     return env
+
+
+SEEN_ENV = "KG_TEST_SEEN_DIR"  # where `build_noting_device` notes what each build saw
+
+
+def build_noting_device(hp) -> keras.Model:
+    """`build_mlp`, noting the worker and the `CUDA_VISIBLE_DEVICES` each build saw.
+
+    In a worker process (the search over `devices`), a build waits until two workers have
+    built (for at most a minute), so that trials are split between them however fast one
+    of them starts."""
+    import time
+
+    model = build_mlp(hp)
+    folder = os.environ[SEEN_ENV]
+    worker = os.environ.get("KERAS_GPUSHARE_TUNER_WORKER")
+    note = {"worker": worker, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "lr": hp["lr"]}
+    with open(os.path.join(folder, f"{os.getpid()}-{hp['lr']!r}.json"), "w") as f:
+        json.dump(note, f)
+    deadline = time.monotonic() + 60
+    while worker and time.monotonic() < deadline:
+        if len({seen(folder)[k]["worker"] for k in seen(folder)}) >= 2:
+            break
+        time.sleep(0.1)
+    return model
+
+
+def seen(folder: str) -> dict:
+    """What `build_noting_device` noted, by file name."""
+    notes = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name)) as f:
+            notes[name] = json.load(f)
+    return notes

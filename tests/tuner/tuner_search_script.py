@@ -72,7 +72,8 @@ def main() -> None:
         objective="val_loss",
         max_trials=int(max_trials),
         parallel_trials=int(parallel),
-        executor=executor,
+        # "devices": one worker per (CPU) device, two of them.
+        **({"devices": [0, 1]} if executor == "devices" else {"executor": executor}),
         seed=5,
         directory=directory,
         project_name="search",

@@ -1,0 +1,111 @@
+"""A search over every device of a machine: `ParallelTuner(devices=...)`.
+
+One worker process per device, each pinned to it through `CUDA_VISIBLE_DEVICES` and
+streaming its trials through its own executor, coordinated by KerasTuner's chief/worker
+protocol. Tested on CPUs (a machine without GPUs runs one worker per entry on the CPU):
+trials split between the workers, each equal to plain KerasTuner's on its hyperparameters,
+each worker seeing only its own device, and a worker killed mid-trial restarted with its
+trial run again.
+"""
+
+import logging
+import os
+import sys
+
+import keras_tuner
+import pytest
+import tuner_helpers as th
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "conformance"))
+
+from kt_twins import assert_same_trials  # noqa: E402
+
+import keras_gpushare as kg  # noqa: E402
+
+FIT = dict(epochs=2, validation_split=0.25, shuffle=False, verbose=0)
+
+
+def _search(tmp_path, name, callbacks=(), **kwargs):
+    args = dict(
+        hypermodel=th.build_noting_device,
+        objective="val_loss",
+        max_trials=6,
+        seed=5,
+        directory=str(tmp_path),
+        project_name=name,
+    )
+    if name == "kt":
+        tuner = keras_tuner.RandomSearch(**args)
+    else:
+        tuner = kg.tuner.ParallelTuner(parallel_trials=2, devices=[0, 1], **args, **kwargs)
+    tuner.search(*th.data(), callbacks=list(callbacks), **FIT)
+    return tuner
+
+
+@pytest.fixture
+def seen_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "seen"
+    folder.mkdir()
+    monkeypatch.setenv(th.SEEN_ENV, str(folder))
+    return str(folder)
+
+
+def test_one_worker_per_device_trains_trials_as_keras_tuner(tmp_path, seen_dir, capsys):
+    reference = _search(tmp_path, "kt")
+    for name in os.listdir(seen_dir):
+        os.remove(os.path.join(seen_dir, name))
+    tuner = _search(tmp_path, "devices")
+    assert_same_trials(reference, tuner)
+
+    # Each trial's path names the worker that trained it, and that worker's own path.
+    paths = tuner.trial_paths()
+    assert sorted(paths, key=int) == [str(i) for i in range(6)]
+    assert {p["worker"] for p in paths.values()} == {"gpu0", "gpu1"}
+    assert all(p["path"] in ("fused", "graph", "slot") for p in paths.values()), paths
+    # Each worker saw only its own device: the environment it was started with.
+    notes = list(th.seen(seen_dir).values())
+    by_lr = {note["lr"]: note for note in notes}
+    for trial_id, trial in tuner.oracle.trials.items():
+        note = by_lr[trial.hyperparameters.get("lr")]
+        worker = paths[trial_id]["worker"]
+        assert note["worker"] == worker
+        assert note["visible"] == {"gpu0": "0", "gpu1": "1"}[worker]
+    tuner.results_summary(6)
+    printed = capsys.readouterr().out
+    assert printed.count("Path: ") == 6 and printed.count(" (worker gpu") == 6, printed
+
+
+def test_a_device_worker_killed_mid_trial_is_restarted_and_the_search_ends_exact(
+    tmp_path, seen_dir, caplog
+):
+    marker = str(tmp_path / "kill-marker")
+    with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
+        tuner = _search(tmp_path, "killed", callbacks=[th.KillSelf(marker, epoch=0)])
+    assert os.path.exists(marker)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "killed by signal 9" in messages and "will run again" in messages
+    trials = tuner.oracle.trials
+    assert sorted(trials, key=int) == [str(i) for i in range(6)]
+    assert all(t.status == "COMPLETED" for t in trials.values())
+
+
+@pytest.mark.parametrize(
+    "devices, executor, message",
+    [
+        ("every", "auto", "Invalid value for argument `devices`"),
+        ([], "auto", "Invalid value for argument `devices`"),
+        ([0, 0], "auto", "distinct GPU indices"),
+        ([0, 1], "processes", '`devices` with executor="processes"'),
+    ],
+)
+def test_bad_devices_are_refused_before_any_work(tmp_path, devices, executor, message):
+    with pytest.raises(ValueError, match=message):
+        kg.tuner.ParallelTuner(
+            th.build_mlp,
+            objective="val_loss",
+            max_trials=1,
+            devices=devices,
+            executor=executor,
+            directory=str(tmp_path),
+        )
+    assert not os.listdir(tmp_path)
