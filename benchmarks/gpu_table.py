@@ -22,12 +22,14 @@ Measured in this run, every figure a median [min-max] over the repeats:
 - then, once, after the first repeat: a KerasTuner search of its getting-started space
   (benchmarks/_tuner_spaces.py, RandomSearch, seed 1) at 32 and 64 trials, plain
   `keras_tuner.RandomSearch` against `ParallelTuner(executor="slots", parallel_trials=16)`
-  and, as the budget allows, `executor="pack"`: wall seconds of `search` and the ratio with
-  plain KerasTuner. Plain KerasTuner compiles every trial's model anew (1-2 s a trial on
-  JAX), so its first 16 trials (the same as every search's first 16) are timed and scaled to
-  32 and 64. The section runs in one process after a warm-up fit; it is skipped, with a line
-  saying so, when its estimate does not fit what is left of the budget, and a search is not
-  started when its estimate (from this run's searches) would not fit the section's share.
+  and, as the budget allows, `executor="pack"`, then the 64-trial search through one GPU's
+  worker process (`devices=[0]`, the path of a machine's GPUs, beside the in-process
+  executor): wall seconds of `search` and the ratio with plain KerasTuner. Plain KerasTuner
+  compiles every trial's model anew (1-2 s a trial on JAX), so its first 16 trials (the same
+  as every search's first 16) are timed and scaled to 32 and 64. The section runs in one
+  process after a warm-up fit; it is skipped, with a line saying so, when its estimate does
+  not fit what is left of the budget, and a search is not started when its estimate (from
+  this run's searches) would not fit the section's share.
 
 "End to end" runs from `ModelPack(members)` (a plain model: from `compile`) to the end of
 `fit`: tracing and XLA compiling included, building the Keras members (the same for both
@@ -123,6 +125,7 @@ _TUNER_NAMES = {
     "plain": "KerasTuner RandomSearch",
     "slots": 'ParallelTuner executor="slots"',
     "pack": 'ParallelTuner executor="pack"',
+    "devices": "ParallelTuner devices=[0] (one GPU's worker process, slots)",
 }
 
 
@@ -397,9 +400,12 @@ def _torch_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
 
 def _tuner_searches(tuner: dict[str, Any]) -> list[tuple[str, int]]:
     """The tuner section's searches, in the order they run: plain KerasTuner on its sample
-    of trials, the slots executor at each trial count, then the pack executor."""
+    of trials, the slots executor at each trial count, the pack executor, then the largest
+    count through one device's worker process (`devices`: the path of a machine's GPUs,
+    here with one)."""
     searches = [("plain", tuner["plain_trials"])]
-    return searches + [(m, t) for m in ("slots", "pack") for t in tuner["trials"]]
+    searches += [(m, t) for m in ("slots", "pack") for t in tuner["trials"]]
+    return searches + [("devices", tuner["trials"][-1])]
 
 
 def _tuner_estimate(tuner: dict[str, Any], method: str, trials: int, per_trial: dict) -> float:
@@ -408,6 +414,9 @@ def _tuner_estimate(tuner: dict[str, Any], method: str, trials: int, per_trial: 
     the a priori guess."""
     if method == "plain":
         rate = per_trial.get("plain", tuner["guess_s"]["plain"])
+    elif method == "devices":  # the worker's start (imports, first program), then slots
+        rate = per_trial.get("slots", tuner["guess_s"]["parallel"])
+        return tuner["guess_s"]["start"] + trials * rate
     else:
         other = "pack" if method == "slots" else "slots"
         rate = per_trial.get(method, per_trial.get(other, tuner["guess_s"]["parallel"]))
@@ -454,6 +463,14 @@ def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
             )
             if method == "plain":
                 search = keras_tuner.RandomSearch(build_getting_started, **common)
+            elif method == "devices":
+                search = kg.tuner.ParallelTuner(
+                    build_getting_started,
+                    parallel_trials=tuner["parallel_trials"],
+                    executor="slots",
+                    devices=["cpu0"] if smoke else [0],
+                    **common,
+                )
             else:
                 search = kg.tuner.ParallelTuner(
                     build_getting_started,
@@ -515,7 +532,7 @@ def _runs(records: list[dict], kind: str, n: int | None = None) -> list[dict]:
 def _tuner_section_estimate(tuner: dict[str, Any]) -> float:
     """Seconds the tuner section's plain and slots searches should take, with its start,
     from the a priori guesses (the pack searches run only as they fit)."""
-    searches = [s for s in _tuner_searches(tuner) if s[0] != "pack"]
+    searches = [s for s in _tuner_searches(tuner) if s[0] not in ("pack", "devices")]
     start = tuner["guess_s"]["start"]
     return start + sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
 
