@@ -38,6 +38,7 @@ SLOW_FILES_FIRST = (
     "tests/tuner/conformance/test_conformance_behaviour.py",
     "tests/tuner/test_tuner_pack.py",
     "tests/distribute/test_mirrored_pack.py",
+    "tests/tuner/test_tuner_devices.py",
 )
 
 
