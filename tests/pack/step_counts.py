@@ -88,13 +88,24 @@ CONFIGS = {
             "metrics": ["accuracy"],
         },
     },
+    # Confusion-matrix metrics beside the metrics that make or shape their state on their
+    # first update (F1, R2), RMSE and IoU.
     "binary": {
         "build": _dense([8, 12], 1, (1, "sigmoid")),
         "labels": "binary",
         "compile": lambda: {
             "optimizer": "adam",
             "loss": "binary_crossentropy",
-            "metrics": ["accuracy", keras.metrics.AUC(), keras.metrics.Precision()],
+            "metrics": [
+                "accuracy",
+                # Few thresholds: the count is the same, the XLA compile at N=256 shorter.
+                keras.metrics.AUC(num_thresholds=10),
+                keras.metrics.Precision(),
+                keras.metrics.F1Score(average="micro", threshold=0.5),
+                keras.metrics.BinaryIoU(),
+                keras.metrics.R2Score(),
+                keras.metrics.RootMeanSquaredError(),
+            ],
         },
         "sample_weight": True,
     },
@@ -117,10 +128,13 @@ CONFIGS = {
             "metrics": ["accuracy"],
         },
     },
+    # Members of different losses (`loss_cycle`, member i the i-th modulo), Keras's own
+    # and a user's.
     "regression": {
         "build": _dense([8, 12], 1, (1,)),
         "labels": "real",
-        "compile": lambda: {"optimizer": "adam", "loss": "mse", "metrics": ["mae"]},
+        "compile": lambda: {"optimizer": "adam", "metrics": ["mae"]},
+        "loss_cycle": ["mse", "mae", smooth_error, "huber"],
         "sample_weight": True,
     },
     "two_outputs": {
@@ -145,30 +159,6 @@ CONFIGS = {
             # Few thresholds: the count is the same, TensorFlow's XLA compile at N=256 shorter.
             "weighted_metrics": ["accuracy", keras.metrics.AUC(num_thresholds=10), "mse"],
         },
-        "sample_weight": True,
-    },
-    # Metrics that make or shape their state on their first update, beside RMSE and IoU.
-    "other_metrics": {
-        "build": _dense([8, 12], 1, (1, "sigmoid")),
-        "labels": "binary",
-        "compile": lambda: {
-            "optimizer": "adam",
-            "loss": "binary_crossentropy",
-            "metrics": [
-                keras.metrics.F1Score(average="micro", threshold=0.5),
-                keras.metrics.BinaryIoU(),
-                keras.metrics.R2Score(),
-                keras.metrics.RootMeanSquaredError(),
-            ],
-        },
-    },
-    # Members of different losses (`loss_cycle`, member i the i-th modulo), Keras's own
-    # and a user's.
-    "mixed_losses": {
-        "build": _dense([8, 12], 1, (1,)),
-        "labels": "real",
-        "compile": lambda: {"optimizer": "adam", "metrics": ["mae"]},
-        "loss_cycle": ["mse", "mae", smooth_error, "huber"],
         "sample_weight": True,
     },
     # A user's loss function and members' own regularizers, padded.

@@ -122,8 +122,6 @@ def _flat(small: int, large: int) -> bool:
         "two_outputs",
         "user_loss",
         "weighted",
-        "other_metrics",
-        "mixed_losses",
     ],
 )
 def test_the_compiled_step_does_not_grow_with_the_member_count(config):
