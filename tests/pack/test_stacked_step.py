@@ -20,6 +20,20 @@ import keras_gpushare as kg
 BACKEND = keras.backend.backend()
 
 
+def _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin=None):
+    """Member i's logs and `evaluate` figures (and, given its `twin`, its weights) equal
+    its own plain fit's."""
+    for name in own.history:
+        np.testing.assert_allclose(
+            history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
+        )
+    for name in alone:
+        np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+    if twin is not None:
+        for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
 def _metrics():
     # Named: Keras numbers unnamed metrics per process (auc_3), and the test compares keys.
     return [
@@ -175,14 +189,7 @@ def test_two_output_members_train_stacked_as_each_ones_own_fit(binary_data, labe
         own = twin.fit(x, y_both, epochs=2, **kwargs)
         alone = twin.evaluate(x, y_both, return_dict=True, verbose=0)
         assert {f"m{i}_{k}" for k in own.history} <= set(history.history)
-        for name in own.history:
-            np.testing.assert_allclose(
-                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
-            )
-        for name in alone:
-            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
-        for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
-            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -266,12 +273,7 @@ def test_weighted_metrics_stacked_equal_each_ones_own_fit(binary_data, weights):
         own = twin.fit(x, y, epochs=2, **kwargs)
         alone = twin.evaluate(x, y, sample_weight=weight, return_dict=True, verbose=0)
         assert {"weighted_accuracy", "weighted_auc", "mae"} <= set(own.history)
-        for name in own.history:
-            np.testing.assert_allclose(
-                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
-            )
-        for name in alone:
-            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone)
 
 
 class _MeanPrediction(keras.metrics.Metric):
@@ -336,12 +338,7 @@ def test_other_metric_kinds_stacked_and_the_rest_member_by_member(binary_data):
         own = twin.fit(x, y, epochs=2, **kwargs)
         alone = twin.evaluate(x, y, return_dict=True, verbose=0)
         assert set(own.history) == {"loss", "f1", "iou", "r2", "rmse", "mean_prediction", "hit"}
-        for name in own.history:
-            np.testing.assert_allclose(
-                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
-            )
-        for name in alone:
-            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone)
 
 
 def test_members_of_different_losses_are_computed_a_group_a_loss(binary_data):
@@ -365,11 +362,4 @@ def test_members_of_different_losses_are_computed_a_group_a_loss(binary_data):
         twin.compile(optimizer="adam", loss=loss, metrics=["mae"])
         own = twin.fit(x, y, epochs=2, **kwargs)
         alone = twin.evaluate(x, y, return_dict=True, verbose=0)
-        for name in own.history:
-            np.testing.assert_allclose(
-                history.history[f"m{i}_{name}"], own.history[name], rtol=1e-5, atol=1e-6
-            )
-        for name in alone:
-            np.testing.assert_allclose(evaluated[f"m{i}_{name}"], alone[name], rtol=1e-5, atol=1e-6)
-        for mine, theirs in zip(pack.member(i).get_weights(), twin.get_weights()):
-            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
