@@ -399,16 +399,8 @@ def _run_chief(
         slots = [_Slot(f"worker{i}") for i in range(local)]
 
     def start(slot: _Slot) -> None:
-        env = {
-            **os.environ,
-            "KERASTUNER_TUNER_ID": slot.tuner_id,
-            "KERASTUNER_ORACLE_IP": dial,
-            "KERASTUNER_ORACLE_PORT": str(port),
-            "KERAS_GPUSHARE_TUNER_WORKER": slot.tuner_id,
-            **({} if slot.device is None else worker_environment(slot.device)),
-        }
-        command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
-        slot.process = subprocess.Popen(command, env=env)
+        chief = {"KERASTUNER_ORACLE_IP": dial, "KERASTUNER_ORACLE_PORT": str(port)}
+        _start_worker(slot, spec_path, chief)
 
     try:
         if slots and _search_is_over(oracle, _first_ask(slots[0])):
@@ -424,9 +416,7 @@ def _run_chief(
             _stop_process(slot.process)
         server.stop(grace=1.0)
         if spec_path:
-            for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
-                if os.path.exists(path):
-                    os.remove(path)
+            _remove_spec(spec_path, slots)
     if oracle.fatal_error is not None:
         raise oracle.fatal_error
     return servicer.paths
@@ -461,20 +451,9 @@ def _run_device_workers(
     and the chief gives it back the trials it was running, as KerasTuner's oracle does."""
     spec_path = _write_spec(launch, oracle, fit_args, fit_kwargs)
     slots = [_Slot(f"{tuner_id}-{worker_name(d)}", d) for d in launch.devices]
-
-    def start(slot: _Slot) -> None:
-        env = {
-            **os.environ,
-            "KERASTUNER_TUNER_ID": slot.tuner_id,
-            "KERAS_GPUSHARE_TUNER_WORKER": slot.tuner_id,
-            **worker_environment(str(slot.device)),
-        }
-        command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
-        slot.process = subprocess.Popen(command, env=env)
-
     try:
         for slot in slots:
-            start(slot)
+            _start_worker(slot, spec_path)
         while not all(slot.finished for slot in slots):
             for slot in [s for s in slots if not s.finished]:
                 code = slot.process.poll()
@@ -493,14 +472,33 @@ def _run_device_workers(
                     continue
                 slot.deaths += 1
                 logger.warning("Worker %s exited with code %d; restarting it.", slot.tuner_id, code)
-                start(slot)
+                _start_worker(slot, spec_path)
             time.sleep(_POLL_S)
     finally:
         for slot in slots:
             _stop_process(slot.process)
-        for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
-            if os.path.exists(path):
-                os.remove(path)
+        _remove_spec(spec_path, slots)
+
+
+def _start_worker(slot: _Slot, spec_path: str, env: dict[str, str] | None = None) -> None:
+    """Starts `slot`'s worker process under its tuner id, with `env` besides this
+    process's environment (the chief's address), pinned to its device if it has one."""
+    env = {
+        **os.environ,
+        **(env or {}),
+        "KERASTUNER_TUNER_ID": slot.tuner_id,
+        "KERAS_GPUSHARE_TUNER_WORKER": slot.tuner_id,
+        **({} if slot.device is None else worker_environment(slot.device)),
+    }
+    command = [sys.executable, "-m", WORKER_ENTRY, spec_path, str(os.getpid())]
+    slot.process = subprocess.Popen(command, env=env)
+
+
+def _remove_spec(spec_path: str, slots: list[_Slot]) -> None:
+    """Removes the workers' spec file and the `FatalError`s they left beside it."""
+    for path in [spec_path] + [fatal_path(spec_path, s.tuner_id) for s in slots]:
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def _first_ask(slot: _Slot) -> str:

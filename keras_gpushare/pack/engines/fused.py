@@ -125,19 +125,20 @@ def _alike_columns(parts: list) -> list | None:
                 return None
             stacked = (
                 isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
-            ) and all(
-                type(m) is type(metric) and m.get_config() == metric.get_config() for m in column
-            )
+            ) and _alike(column)
             found.append((output, name, metric, column, stacked))
     return found
 
 
+def _alike(column: list) -> bool:
+    """Whether the members' metrics of a column are of one class and configuration."""
+    first = column[0]
+    return all(type(m) is type(first) and m.get_config() == first.get_config() for m in column)
+
+
 def _own_reason(column: list) -> str:
     """Why a column of metrics (one per member, of one name) is computed member by member."""
-    first = column[0]
-    if any(type(m) is not type(first) or m.get_config() != first.get_config() for m in column):
-        return "the members' metrics of this name differ"
-    return why_not(first)
+    return why_not(column[0]) if _alike(column) else "the members' metrics of this name differ"
 
 
 def _weighted_sums(values: Any, weight: Any) -> tuple[Any, Any]:
@@ -239,23 +240,22 @@ def _loss_groups(
         return None
     if any(data_lib.output_count(m) != 1 for m in members):
         return None
-    keys: dict[Any, list[int]] = {}
+    # The members of each loss, by a key naming it: (its spec, whether a user's, members).
+    by_key: dict[str, tuple[Any, bool, list[int]]] = {}
     for j, args in enumerate(compile_args):
         leaves = tree.flatten(args["loss"])
         if len(leaves) != 1:
             return None
         spec = leaves[0]
         if _keras_own_loss(spec):
-            key: Any = ("keras", keras.saving.serialize_keras_object(spec))
+            key, vectorized = f"keras {keras.saving.serialize_keras_object(spec)}", False
         elif not isinstance(spec, str) and callable(spec):
-            key = ("user", id(spec))
+            key, vectorized = f"user {id(spec)}", True
         else:
             return None
-        keys.setdefault(str(key), []).append(j)
+        by_key.setdefault(key, (spec, vectorized, []))[2].append(j)
     groups = []
-    for indices in keys.values():
-        spec = tree.flatten(compile_args[indices[0]]["loss"])[0]
-        vectorized = not _keras_own_loss(spec)
+    for spec, vectorized, indices in by_key.values():
         loss = spec if vectorized else keras.losses.get(spec)
         if not isinstance(loss, keras.losses.Loss):
             loss = _upstream.loss_function_wrapper()(loss)
