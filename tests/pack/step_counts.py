@@ -53,6 +53,11 @@ def smooth_error(y_true, y_pred):
     return keras.ops.mean(keras.ops.log(keras.ops.cosh(y_pred - y_true)), axis=-1)
 
 
+def batch_error(y_true, y_pred):
+    """A user's loss function that reduces over the batch itself: one value per batch."""
+    return keras.ops.mean(keras.ops.abs(y_pred - y_true))
+
+
 def _data(config, rng):
     x = rng.normal(size=(BATCH * 2, 6)).astype("float32")
     kind = config["labels"]
@@ -129,12 +134,19 @@ CONFIGS = {
         },
     },
     # Members of different losses (`loss_cycle`, member i the i-th modulo), Keras's own
-    # and a user's.
+    # and a user's, of the default reduction and others, one value per sample or per batch.
     "regression": {
         "build": _dense([8, 12], 1, (1,)),
         "labels": "real",
         "compile": lambda: {"optimizer": "adam", "metrics": ["mae"]},
-        "loss_cycle": ["mse", "mae", smooth_error, "huber"],
+        "loss_cycle": [
+            "mse",
+            "mae",
+            smooth_error,
+            "huber",
+            keras.losses.MeanSquaredError(reduction="sum"),
+            batch_error,
+        ],
         "sample_weight": True,
     },
     "two_outputs": {

@@ -230,11 +230,13 @@ def _loss_groups(
 
     That holds when every member has one output and no loss weights, and each member's loss
     is one of Keras's own (grouped by configuration) or a loss object of the user's (grouped
-    by identity: one function or `Loss` instance compiled into several members), with the
-    default reduction: then one call per group on its stacked predictions gives its
-    members' losses, instead of N small loss computations in the step. A user's loss is
-    called once per member's slice, vectorized (`keras.ops.vectorized_map`), so it computes
-    exactly what it computes for one model.
+    by identity: one function or `Loss` instance compiled into several members), reduced to
+    one number: then one call per group on its stacked predictions gives its members'
+    losses, instead of N small loss computations in the step. Keras's own losses with the
+    default reduction are called once on the stacked predictions; every other loss (a
+    user's, another reduction) is called as Keras calls it for one model, `Loss.__call__`
+    with the sample weights, vectorized over the members (`keras.ops.vectorized_map`), so it
+    computes exactly what it computes for one model, one value per batch included.
     """
     if any(args.get("loss_weights") is not None for args in compile_args):
         return None
@@ -248,52 +250,52 @@ def _loss_groups(
             return None
         spec = leaves[0]
         if _keras_own_loss(spec):
-            key, vectorized = f"keras {keras.saving.serialize_keras_object(spec)}", False
+            key, users = f"keras {keras.saving.serialize_keras_object(spec)}", False
         elif not isinstance(spec, str) and callable(spec):
-            key, vectorized = f"user {id(spec)}", True
+            key, users = f"user {id(spec)}", True
         else:
             return None
-        by_key.setdefault(key, (spec, vectorized, []))[2].append(j)
+        by_key.setdefault(key, (spec, users, []))[2].append(j)
     groups = []
-    for spec, vectorized, indices in by_key.values():
-        loss = spec if vectorized else keras.losses.get(spec)
+    for spec, users, indices in by_key.values():
+        loss = spec if users else keras.losses.get(spec)
         if not isinstance(loss, keras.losses.Loss):
             loss = _upstream.loss_function_wrapper()(loss)
-        if getattr(loss, "reduction", None) != "sum_over_batch_size":
+        reduction = getattr(loss, "reduction", None)
+        if reduction not in _SCALAR_REDUCTIONS:
             return None
+        mapped = users or reduction != "sum_over_batch_size"
         everyone = len(indices) == len(compile_args)
-        groups.append(_OneLoss(loss, vectorized, None if everyone else indices))
+        groups.append(_OneLoss(loss, mapped, None if everyone else indices))
     return groups
+
+
+# The reductions that make a loss one number, as Keras's `CompileLoss` sums it.
+_SCALAR_REDUCTIONS = ("sum_over_batch_size", "sum", "mean", "mean_with_sample_weight")
 
 
 class _OneLoss:
     """A loss some members compile (`members`: their positions in the group, None for
-    all), and whether it is called member by member, vectorized (a user's), or once on
-    their stacked predictions (Keras's own)."""
+    all), and whether it is called once on their stacked predictions (Keras's own, the
+    default reduction) or as Keras calls it for one model, mapped over the members."""
 
-    def __init__(
-        self, loss: keras.losses.Loss, vectorized: bool, members: list[int] | None
-    ) -> None:
+    def __init__(self, loss: keras.losses.Loss, mapped: bool, members: list[int] | None) -> None:
         self.loss = loss
-        self.vectorized = vectorized
+        self.mapped = mapped
         self.members = members
-        # False once a user's loss gave one value per batch (Keras weights such a loss
-        # otherwise) or could not be vectorized: it is then computed member by member.
-        self.per_sample = True
+        # False once this backend could not vectorize a mapped loss: it is then computed
+        # member by member.
+        self.stacked = True
 
 
 def _grouped_losses(groups: list[_OneLoss], y: Any, y_pred: Any, sample_weight: Any) -> Any:
     """Every member's loss, shape (N,), one `_stacked_losses` call per group on its
-    members' rows of the stacked predictions; None where a group's loss gives no
-    per-sample values (its `per_sample` then False)."""
+    members' rows of the stacked predictions."""
     stacked = tree.flatten(_stacked_structure(y_pred))[0]
     parts, order = [], []
     for group in groups:
         rows = stacked if group.members is None else ops.take(stacked, group.members, axis=0)
-        values = _stacked_losses(group.loss, y, rows, sample_weight, group.vectorized)
-        if values is None:
-            group.per_sample = False
-            return None
+        values = _stacked_losses(group.loss, y, rows, sample_weight, group.mapped)
         if group.members is None:
             return values
         parts.append(values)
@@ -322,25 +324,21 @@ def _keras_own_loss(spec: Any) -> bool:
 
 
 def _stacked_losses(
-    fn: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any, vectorized: bool = False
+    fn: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any, mapped: bool = False
 ) -> Any:
     """Every member's loss, shape (N,), from one call on the stacked predictions.
 
-    With `vectorized` (a user's loss) the call is vectorized over the members, each slice
-    converted as Keras's `Loss.__call__` converts one model's; None when it gives no
-    per-sample values (a loss reduced over the batch: Keras weights that otherwise).
+    With `mapped` (a user's loss, or another reduction) the loss is called as Keras's
+    `CompileLoss` calls it for one model (`fn(y, pred, sample_weight)`), vectorized over the
+    members; else `fn.call` on the stacked predictions, reduced per member over the batch.
     """
     stacked = tree.flatten(_stacked_structure(y_pred))[0]
     y = tree.flatten(y)[0]
-    if vectorized:
-        y = ops.convert_to_tensor(y, dtype=fn.dtype)
-        values = ops.vectorized_map(lambda p: fn.call(y, p), ops.cast(stacked, fn.dtype))
-        if len(values.shape) < 2:
-            return None
-    else:
-        y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
-        values = fn.call(y, stacked)
-    values = ops.cast(values, "float32")
+    if mapped:
+        values = ops.vectorized_map(lambda pred: fn(y, pred, sample_weight), stacked)
+        return ops.cast(values, "float32")
+    y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
+    values = ops.cast(fn.call(y, stacked), "float32")
     if sample_weight is not None:
         weight = ops.cast(tree.flatten(sample_weight)[0], "float32")
         while len(weight.shape) + 1 < len(values.shape):
@@ -488,20 +486,17 @@ class FusedEngine(GradientEngine):
         groups = self._loss_groups if shared else None
         if (
             groups is not None
-            and all(group.per_sample for group in groups)
+            and all(group.stacked for group in groups)
             and (sample_weight is None or not tree.is_nested(sample_weight))
         ):
             try:
-                losses = _grouped_losses(groups, y, y_pred, sample_weight)
-            except Exception as e:  # a user's loss this backend cannot vectorize
-                if not any(group.vectorized for group in groups):
+                return _grouped_losses(groups, y, y_pred, sample_weight)
+            except Exception as e:  # a loss this backend cannot vectorize
+                if not any(group.mapped for group in groups):
                     raise
                 logger.debug("The members' loss is computed member by member: %s", e)
                 for group in groups:
-                    group.per_sample = not group.vectorized
-                losses = None
-            if losses is not None:
-                return losses
+                    group.stacked = not group.mapped
         if self._losses_stacked:
             if not shared:
                 raise ValueError(_PER_MEMBER_LABELS)
@@ -525,7 +520,9 @@ class FusedEngine(GradientEngine):
             weights = sample_weight
             if sample_weight is not None and tree.is_nested(sample_weight):
                 weights = _resolve(path, sample_weight)
-            values = _stacked_losses(fn, _resolve(path, labels), _resolve(path, outputs), weights)
+            mapped = fn.reduction != "sum_over_batch_size"
+            label, output = _resolve(path, labels), _resolve(path, outputs)
+            values = _stacked_losses(fn, label, output, weights, mapped)
             if tracker is not None:
                 self.tracker_states[tracker.name].update_state(
                     values, ops.ones_like(values) * batch
@@ -547,13 +544,13 @@ class FusedEngine(GradientEngine):
 
     def _stackable_loss_parts(self) -> bool:
         """Whether the members' built compiled losses compute as `_stacked_output_losses`
-        does: every part Keras's own with the default reduction."""
+        does: every part Keras's own, reduced to one number."""
         compiled_loss = self._compile_loss()
         if not self._losses_alike or compiled_loss is None or not compiled_loss.built:
             return False
         parts = _upstream.loss_parts(compiled_loss)
         return all(
-            isinstance(fn, keras.losses.Loss) and fn.reduction == "sum_over_batch_size"
+            isinstance(fn, keras.losses.Loss) and fn.reduction in _SCALAR_REDUCTIONS
             for _, fn, _, _ in parts
         )
 
@@ -829,16 +826,13 @@ class FusedEngine(GradientEngine):
         if not self._step_planned:
             return notes
         groups = self._loss_groups
-        if groups is not None and not all(group.per_sample for group in groups):
-            notes.append(
-                "loss computed member by member: a user's loss gives one value per batch, "
-                "or this backend could not vectorize it"
-            )
+        if groups is not None and not all(group.stacked for group in groups):
+            notes.append("loss computed member by member: this backend could not vectorize it")
         elif groups is None and not self._losses_stacked:
             notes.append(
-                "loss computed member by member: the members' losses are not Keras's own or "
-                "one loss object of the user's (each output alike, default reduction), or "
-                "labels differ per member"
+                "loss computed member by member: the members have several outputs whose "
+                "losses or loss weights differ, or a loss of reduction None, or labels "
+                "differ per member"
             )
         if self._own_columns:
             own = "; ".join(
