@@ -173,6 +173,18 @@ CONFIGS = {
         },
         "sample_weight": True,
     },
+    # Labels one per member (`y=[y0, y1, ...]`), stacked; from N=2.
+    "labels_per_member": {
+        "build": _dense([8, 12], 1, (1, "sigmoid")),
+        "labels": "binary",
+        "labels_per_member": True,
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy", keras.metrics.AUC(num_thresholds=10)],
+        },
+        "sample_weight": True,
+    },
     # A user's loss function and members' own regularizers, padded.
     "user_loss": {
         "build": _regularized,
@@ -194,6 +206,8 @@ def fit_one_batch(config: dict, n: int, jit_compile: bool):
         cycle = config["loss_cycle"]
         compile_args["loss"] = [cycle[i % len(cycle)] for i in range(n)]
     pack.compile(**compile_args, jit_compile=jit_compile)
+    if config.get("labels_per_member"):
+        y = [y if i % 2 == 0 else 1.0 - y for i in range(n)]
     kwargs = {}
     sample_weight = None
     if config.get("sample_weight"):

@@ -107,13 +107,89 @@ def test_the_steps_metric_state_does_not_grow_with_the_member_count(binary_data)
     assert sizes[0] == sizes[1]
 
 
-def test_labels_per_member_after_shared_labels_are_refused_by_name(binary_data):
+class _MeanError(keras.metrics.Metric):
+    """A user's stateful metric of the labels: computed member by member, each from its
+    member's own labels."""
+
+    def __init__(self, name="mean_error", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((), initializer="zeros", name="total")
+        self.count = self.add_variable((), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        error = keras.ops.abs(keras.ops.cast(y_true, "float32") - y_pred)
+        self.total.assign_add(keras.ops.sum(error))
+        self.count.assign_add(keras.ops.cast(keras.ops.size(error), "float32"))
+
+    def result(self):
+        return self.total / keras.ops.maximum(self.count, 1.0)
+
+
+def _per_member_compile(loss):
+    return {
+        "optimizer": "adam",
+        "loss": loss,
+        "metrics": ["accuracy", keras.metrics.AUC(name="auc"), _MeanError()],
+        "weighted_metrics": ["mse"],
+    }
+
+
+def _per_batch_error(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+
+def test_labels_per_member_train_stacked_as_each_ones_own_fit(binary_data):
+    """Labels (and sample weights) given one per member, `y=[y0, y1, ...]`, are stacked:
+    the losses (Keras's own and a user's per-batch one, a call per loss), mean and AUC
+    metrics and weighted metrics are computed on each member's own labels, and a user's
+    metric member by member; after shared labels, per-member labels are taken too. Logs,
+    `evaluate` and weights equal each member's own fit on its own labels."""
     x, y = binary_data
-    pack = kg.ModelPack([mlp(4, seed=0), mlp(6, seed=1)])
-    pack.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
-    pack.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    rng = np.random.default_rng(6)
+    labels = [y, 1.0 - y, (x[:, 3:4] > 0).astype("float32")]
+    weights = [rng.random(len(x)).astype("float32") for _ in labels]
+    losses = ["binary_crossentropy", _per_batch_error, "binary_crossentropy"]
+    members = [mlp(4 + 2 * s, seed=s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    pack = kg.ModelPack(members)
+    pack.compile(**_per_member_compile(losses))
+    kwargs = dict(batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, labels, sample_weight=weights, epochs=2, **kwargs)
+    evaluated = pack.evaluate(x, labels, return_dict=True, verbose=0)
+    assert pack.engine == "fused"
+    assert "step: loss" not in pack.fusion_report
+    assert "mean_error (" in pack.fusion_report  # the user's metric, and only it
+    assert "accuracy (" not in pack.fusion_report and "auc (" not in pack.fusion_report
+    shared = kg.ModelPack([copy_model(m) for m in twins])
+    shared.compile(**_per_member_compile(losses))
+    shared.fit(x, y, epochs=1, **kwargs)
+    shared_then_own = shared.evaluate(x, labels, return_dict=True, verbose=0)
+    for i, (twin, loss) in enumerate(zip(twins, losses)):
+        after_shared = copy_model(twin)
+        twin.compile(**_per_member_compile(loss))
+        own = twin.fit(x, labels[i], sample_weight=weights[i], epochs=2, **kwargs)
+        alone = twin.evaluate(x, labels[i], return_dict=True, verbose=0)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
+        after_shared.compile(**_per_member_compile(loss))
+        after_shared.fit(x, y, epochs=1, **kwargs)
+        plain = after_shared.evaluate(x, labels[i], return_dict=True, verbose=0)
+        for name in plain:
+            np.testing.assert_allclose(shared_then_own[f"m{i}_{name}"], plain[name], rtol=1e-5)
+
+
+def test_labels_per_member_that_cannot_stack_after_stacked_ones_are_refused_by_name(
+    binary_data,
+):
+    """Members of two outputs whose first `fit` had shared labels compute their losses
+    stacked output by output; labels given one per member later are refused, naming the
+    way out."""
+    x, y = binary_data
+    y_b = np.stack([x[:, 0], x[:, 1]], axis=1).astype("float32")
+    pack = kg.ModelPack([_two_outputs(0), _two_outputs(1)])
+    pack.compile(**_two_output_compile())
+    pack.fit(x, [y, y_b], batch_size=32, epochs=1, verbose=0)
     with pytest.raises(ValueError, match="labels the same way"):
-        pack.evaluate(x, [y, 1.0 - y], verbose=0)
+        pack.evaluate(x, [[y, y_b], [1.0 - y, y_b]], verbose=0)
 
 
 COUNTED = pytest.mark.skipif(BACKEND == "torch", reason="torch has no compiled step to count")

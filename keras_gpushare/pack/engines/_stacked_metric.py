@@ -68,17 +68,26 @@ class StackedMetric(keras.metrics.Metric):
             for v in template.variables
         ]
 
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        """`y_true` and `sample_weight` as one member's, `y_pred` stacked `(N, B, ...)`."""
+    def update_state(
+        self, y_true: Any, y_pred: Any, sample_weight: Any = None, per_member: bool = False
+    ) -> None:
+        """`y_pred` stacked `(N, B, ...)`; `y_true` and `sample_weight` one member's, or
+        with `per_member` every member's, stacked too."""
 
         def one(args: Any) -> Any:
-            values, pred = args
+            values, pred, *targets = args
+            label, weight = targets if per_member else (y_true, sample_weight)
             return self.template.stateless_update_state(
-                list(values), y_true, pred, sample_weight=sample_weight
+                list(values), label, pred, sample_weight=weight
             )
 
         values = [ops.convert_to_tensor(v) for v in self.stacked]
-        new = ops.vectorized_map(one, (values, y_pred))
+        if not per_member:
+            new = ops.vectorized_map(one, (values, y_pred))
+        elif sample_weight is None:
+            new = ops.vectorized_map(lambda args: one((*args, None)), (values, y_pred, y_true))
+        else:
+            new = ops.vectorized_map(one, (values, y_pred, y_true, sample_weight))
         for variable, value in zip(self.stacked, new):
             variable.assign(value)
 

@@ -141,21 +141,23 @@ def _own_reason(column: list) -> str:
     return why_not(column[0]) if _alike(column) else "the members' metrics of this name differ"
 
 
-def _weighted_sums(values: Any, weight: Any) -> tuple[Any, Any]:
+def _weighted_sums(values: Any, weight: Any, per_member: bool = False) -> tuple[Any, Any]:
     """Each member's weighted sum of `values` `(N, B, ...)` and the sum of its weights, as
-    Keras's `Mean.update_state` adds them (`reduce_to_samplewise_values`)."""
+    Keras's `Mean.update_state` adds them (`reduce_to_samplewise_values`); `weight` is one
+    member's, or with `per_member` every member's, stacked `(N, B, ...)`."""
     weight = ops.cast(weight, "float32")
+    if not per_member:
+        weight = ops.broadcast_to(ops.expand_dims(weight, 0), (values.shape[0], *weight.shape))
     rank = len(weight.shape)
-    if len(values.shape) - 1 > rank:
-        values = ops.mean(values, axis=tuple(range(1 + rank, len(values.shape))))
-    weight = ops.broadcast_to(weight, ops.shape(values)[1:])
+    if len(values.shape) > rank:
+        values = ops.mean(values, axis=tuple(range(rank, len(values.shape))))
+    weight = ops.broadcast_to(weight, ops.shape(values))
     values = values * weight
-    if rank > 1:
-        weight = ops.mean(weight, axis=tuple(range(1, rank)))
+    if rank > 2:
+        weight = ops.mean(weight, axis=tuple(range(2, rank)))
     if len(values.shape) > 2:
         values = ops.mean(values, axis=tuple(range(2, len(values.shape))))
-    total = ops.sum(values, axis=1)
-    return total, ops.ones_like(total) * ops.sum(weight)
+    return ops.sum(values, axis=1), ops.sum(weight, axis=1)
 
 
 def _split(outputs: Any, n: int) -> list:
@@ -212,11 +214,23 @@ def _alike_keras_losses(compile_args: Sequence[dict]) -> bool:
 
 
 _PER_MEMBER_LABELS = (
-    "This ModelPack computes its members' metrics stacked, as the labels it was first "
-    "trained or evaluated with were shared by every member; now the labels differ per "
-    "member. Pass labels the same way to every `fit` and `evaluate` of a pack, or build a "
-    "new ModelPack for the other layout."
+    "This ModelPack computes its members' losses and metrics stacked, as the labels it was "
+    "first trained or evaluated with could be stacked (shared by every member, or one "
+    "array per one-output member, all of one shape and dtype); now the labels differ per "
+    "member in a way that cannot be stacked (members of several outputs, or labels of "
+    "different shapes or dtypes). Pass labels the same way to every `fit` and `evaluate` "
+    "of a pack, or build a new ModelPack for the other layout."
 )
+
+
+def _alike_arrays(arrays: list) -> bool:
+    """Whether `arrays` are of one shape and dtype, so that they stack."""
+    first = arrays[0]
+    return all(
+        tuple(a.shape) == tuple(first.shape)
+        and keras.backend.standardize_dtype(a.dtype) == keras.backend.standardize_dtype(first.dtype)
+        for a in arrays
+    )
 
 
 def _batch_size(x: Any) -> Any:
@@ -288,14 +302,23 @@ class _OneLoss:
         self.stacked = True
 
 
-def _grouped_losses(groups: list[_OneLoss], y: Any, y_pred: Any, sample_weight: Any) -> Any:
+def _grouped_losses(
+    groups: list[_OneLoss], y: Any, y_pred: Any, sample_weight: Any, per_member: bool
+) -> Any:
     """Every member's loss, shape (N,), one `_stacked_losses` call per group on its
-    members' rows of the stacked predictions."""
+    members' rows of the stacked predictions (and, `per_member`, of the stacked labels and
+    sample weights)."""
     stacked = tree.flatten(_stacked_structure(y_pred))[0]
     parts, order = [], []
     for group in groups:
-        rows = stacked if group.members is None else ops.take(stacked, group.members, axis=0)
-        values = _stacked_losses(group.loss, y, rows, sample_weight, group.mapped)
+        rows, labels, weights = stacked, y, sample_weight
+        if group.members is not None:
+            rows = ops.take(stacked, group.members, axis=0)
+            if per_member:
+                labels = ops.take(y, group.members, axis=0)
+                if weights is not None:
+                    weights = ops.take(weights, group.members, axis=0)
+        values = _stacked_losses(group.loss, labels, rows, weights, group.mapped, per_member)
         if group.members is None:
             return values
         parts.append(values)
@@ -324,26 +347,40 @@ def _keras_own_loss(spec: Any) -> bool:
 
 
 def _stacked_losses(
-    fn: keras.losses.Loss, y: Any, y_pred: Any, sample_weight: Any, mapped: bool = False
+    fn: keras.losses.Loss,
+    y: Any,
+    y_pred: Any,
+    sample_weight: Any,
+    mapped: bool = False,
+    per_member: bool = False,
 ) -> Any:
     """Every member's loss, shape (N,), from one call on the stacked predictions.
 
     With `mapped` (a user's loss, or another reduction) the loss is called as Keras's
     `CompileLoss` calls it for one model (`fn(y, pred, sample_weight)`), vectorized over the
     members; else `fn.call` on the stacked predictions, reduced per member over the batch.
+    `y` and `sample_weight` are one member's, shared, or with `per_member` every member's,
+    stacked `(N, B, ...)`.
     """
     stacked = tree.flatten(_stacked_structure(y_pred))[0]
     y = tree.flatten(y)[0]
     if mapped:
-        values = ops.vectorized_map(lambda pred: fn(y, pred, sample_weight), stacked)
+        if not per_member:
+            values = ops.vectorized_map(lambda pred: fn(y, pred, sample_weight), stacked)
+        elif sample_weight is None:
+            values = ops.vectorized_map(lambda args: fn(*args), (y, stacked))
+        else:
+            values = ops.vectorized_map(lambda args: fn(*args), (y, stacked, sample_weight))
         return ops.cast(values, "float32")
-    y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
+    if not per_member:
+        y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
     values = ops.cast(fn.call(y, stacked), "float32")
     if sample_weight is not None:
         weight = ops.cast(tree.flatten(sample_weight)[0], "float32")
-        while len(weight.shape) + 1 < len(values.shape):
+        rank = len(values.shape) if per_member else len(values.shape) - 1
+        while len(weight.shape) < rank:
             weight = ops.expand_dims(weight, -1)
-        while len(weight.shape) + 1 > len(values.shape):
+        while len(weight.shape) > rank:
             weight = ops.squeeze(weight, -1)
         values = values * weight
     axes = tuple(range(1, len(values.shape)))
@@ -480,17 +517,48 @@ class FusedEngine(GradientEngine):
     def _labels_shared(self, y: Any) -> bool:
         return not data_lib.labels_per_member(y, self.options.output_counts)
 
+    def _labels_stack(self, y: Any, sample_weight: Any = None) -> bool:
+        """Whether labels given one per member stack for this group's members: each of one
+        output, its labels (and sample weights, all or none given) one array, all of one
+        shape and dtype."""
+        if any(self.options.output_counts[i] != 1 for i in self.member_ids):
+            return False
+        targets = self._targets(y, sample_weight)
+        labels = [tree.flatten(yj) for yj, _ in targets]
+        if any(len(leaves) != 1 for leaves in labels) or not _alike_arrays(
+            [leaves[0] for leaves in labels]
+        ):
+            return False
+        weights = [swj for _, swj in targets]
+        if all(w is None for w in weights):
+            return True
+        if any(w is None or tree.is_nested(w) for w in weights):
+            return False
+        return _alike_arrays(weights)
+
+    def _stacked_targets(self, y: Any, sample_weight: Any) -> tuple[Any, Any]:
+        """Labels given one per member (`_labels_stack`), and their sample weights,
+        stacked `(k, B, ...)` for this group's members."""
+        targets = self._targets(y, sample_weight)
+        labels = ops.stack([tree.flatten(yj)[0] for yj, _ in targets])
+        if targets[0][1] is None:
+            return labels, None
+        return labels, ops.stack([swj for _, swj in targets])
+
     def _member_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         """Every member's loss on this replica's batch, shape (k,), not scaled for replicas."""
         shared = self._labels_shared(y)
-        groups = self._loss_groups if shared else None
-        if (
-            groups is not None
-            and all(group.stacked for group in groups)
-            and (sample_weight is None or not tree.is_nested(sample_weight))
-        ):
+        groups = self._loss_groups
+        if shared:
+            stack = sample_weight is None or not tree.is_nested(sample_weight)
+        else:
+            stack = self._labels_stack(y, sample_weight)
+        if stack and groups is not None and all(group.stacked for group in groups):
+            labels, weights = y, sample_weight
+            if not shared:
+                labels, weights = self._stacked_targets(y, sample_weight)
             try:
-                return _grouped_losses(groups, y, y_pred, sample_weight)
+                return _grouped_losses(groups, labels, y_pred, weights, not shared)
             except Exception as e:  # a loss this backend cannot vectorize
                 if not any(group.mapped for group in groups):
                     raise
@@ -664,7 +732,8 @@ class FusedEngine(GradientEngine):
     def update_metrics(self, y: Any, y_pred: Any, sample_weight: Any) -> None:
         """Updates every member's compiled metrics.
 
-        With shared labels and metrics of the same names output by output, each metric
+        With labels that stack (shared, or one array per one-output member, all of one
+        shape) and metrics of the same names output by output, each metric
         that every member has alike is computed for all members at once on the stacked
         predictions into stacked state (`metrics=` ignore sample weights,
         `weighted_metrics=` take them, as in Keras): means of a function (accuracy, MAE,
@@ -699,7 +768,7 @@ class FusedEngine(GradientEngine):
         stacked)` when every member's compiled metrics can be computed column by column:
         metrics and weighted metrics of the same names, output by output (`_alike_columns`);
         figures named as Keras's `CompileMetrics.result` names them."""
-        if not self._labels_shared(y):
+        if not self._labels_shared(y) and not self._labels_stack(y):
             return None
         compiled = [_upstream.compile_metrics(m) for m in self.members]
         if any(c is None for c in compiled):
@@ -724,12 +793,19 @@ class FusedEngine(GradientEngine):
             return
         compiled = compiled_metrics[0]
         predictions = _upstream.flat_outputs(compiled, _stacked_structure(y_pred))
-        labels = _upstream.flat_outputs(compiled, y)
-        weights = [None] * len(labels)
-        if sample_weight is not None:
-            weights = _upstream.flat_outputs(compiled, sample_weight)
-            if len(weights) < len(labels):  # one weight for every output, as Keras repeats it
-                weights = [weights[0]] * len(labels)
+        per_member = not self._labels_shared(y)
+        if per_member:
+            if not self._labels_stack(y, sample_weight):
+                raise ValueError(_PER_MEMBER_LABELS)
+            label, weight = self._stacked_targets(y, sample_weight)
+            labels, weights = [label], [weight]
+        else:
+            labels = _upstream.flat_outputs(compiled, y)
+            weights = [None] * len(labels)
+            if sample_weight is not None:
+                weights = _upstream.flat_outputs(compiled, sample_weight)
+                if len(weights) < len(labels):  # one weight every output, as Keras repeats it
+                    weights = [weights[0]] * len(labels)
         member_preds = None
         for output, figure, column, weighted, together in columns:
             first, stacked, label = column[0], predictions[output], labels[output]
@@ -740,21 +816,24 @@ class FusedEngine(GradientEngine):
                         _upstream.flat_outputs(c, p)
                         for c, p in zip(compiled_metrics, self.member_outputs(y_pred))
                     ]
-                for metric, preds in zip(column, member_preds):
+                for j, (metric, preds) in enumerate(zip(column, member_preds)):
+                    own_label = label[j] if per_member else label
                     if weighted:
-                        metric.update_state(label, preds[output], weight)
+                        own_weight = weight[j] if per_member and weight is not None else weight
+                        metric.update_state(own_label, preds[output], own_weight)
                     else:
-                        metric.update_state(label, preds[output])
+                        metric.update_state(own_label, preds[output])
                 continue
             state = self._metric_state(first, figure)
             if isinstance(state, StackedMetric):
-                state.update_state(label, stacked, weight)
+                state.update_state(label, stacked, weight, per_member=per_member)
                 continue
             fn, fn_kwargs = _upstream.wrapped_metric_function(first)
-            broadcast = ops.broadcast_to(
-                ops.expand_dims(label, 0), (stacked.shape[0], *ops.shape(label))
-            )
-            values = ops.cast(fn(broadcast, stacked, **fn_kwargs), "float32")
+            if not per_member:
+                label = ops.broadcast_to(
+                    ops.expand_dims(label, 0), (stacked.shape[0], *ops.shape(label))
+                )
+            values = ops.cast(fn(label, stacked, **fn_kwargs), "float32")
             if weight is None:
                 axes = tuple(range(1, len(values.shape)))
                 count = ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
@@ -762,7 +841,7 @@ class FusedEngine(GradientEngine):
                     ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count
                 )
             else:
-                state.add(*_weighted_sums(values, weight))
+                state.add(*_weighted_sums(values, weight, per_member))
 
     def _metric_state(
         self, metric: keras.metrics.Metric, figure: str
@@ -832,7 +911,7 @@ class FusedEngine(GradientEngine):
             notes.append(
                 "loss computed member by member: the members have several outputs whose "
                 "losses or loss weights differ, or a loss of reduction None, or labels "
-                "differ per member"
+                "given per member that do not stack (several outputs, shapes that differ)"
             )
         if self._own_columns:
             own = "; ".join(
@@ -844,7 +923,7 @@ class FusedEngine(GradientEngine):
         ):
             notes.append(
                 "metrics computed member by member: the members' metrics differ in names, "
-                "or labels differ per member"
+                "or labels given per member do not stack (several outputs, shapes that differ)"
             )
         return notes
 
