@@ -57,8 +57,7 @@ import numpy as np  # noqa: E402
 from _tuner_spaces import SPACES, make_data  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
-from keras_gpushare.pack.fusion import cost  # noqa: E402
-from keras_gpushare.pack.fusion.report import inspect_members  # noqa: E402
+from keras_gpushare.tuner._search_ledger import computed_flops, own_flops  # noqa: E402
 
 DEVICES = kg.share_gpu()  # memory growth: the processes executor's workers share the GPU
 
@@ -150,30 +149,6 @@ def _timed_packs(packs: list):
             setattr(pack_class, name, method)
 
 
-def _own_flops(model: keras.Model, cache: dict) -> float | None:
-    """`model`'s FLOPs per sample as the planner's cost model counts them for a member (its
-    `real` FLOPs in a group of one); `None` when it does not fuse."""
-    if id(model) not in cache:
-        _, plan = inspect_members([model])
-        cache[id(model)] = None if plan is None else cost.GroupCosts(plan, batch=1).flops([0])[1]
-    return cache[id(model)]
-
-
-def _program_flops(record: dict, cache: dict) -> float | None:
-    """The FLOPs per sample a step of the pack computes: each fused group padded to its
-    widest (in a pack built for slots, every slot computes every layer), and the graph
-    engine's members at their own."""
-    plan, total = record["plan"], 0.0
-    for group, fusion_plan in zip(plan.groups, plan.fusion_plans):
-        costs = cost.GroupCosts(fusion_plan, batch=1)
-        if record["slot_values"]:
-            for call in costs.calls:
-                call.present_only = False
-        total += costs.flops(range(len(group)))[0]
-    graph = [_own_flops(record["built"][i], cache) for i in plan.graph]
-    return None if None in graph else total + sum(graph)
-
-
 def _where_time_went(packs: list, seconds: float, plain: float, word: str) -> str:
     """Packs' fixed cost and steady epochs, the ratio with one program, and the steady epochs
     with no padding (see `--bound`).
@@ -186,15 +161,18 @@ def _where_time_went(packs: list, seconds: float, plain: float, word: str) -> st
     own = [float(np.median(r["epochs"][1:])) if len(r["epochs"]) > 1 else None for r in packs]
     rates = [usual / r["members"] for usual, r in zip(own, packs) if usual is not None]
     rate = float(np.median(rates)) if rates else 0.0
-    fixed, steady, padding_free, cache = [], 0.0, 0.0, {}
+    fixed, steady, padding_free, flops = [], 0.0, 0.0, {}
     for usual, record in zip(own, packs):
         epoch = rate * record["members"] if usual is None else usual
         steady += len(record["epochs"]) * epoch
         fixed.append(
             record["build"] + record["compile"] + record["fit"] - len(record["epochs"]) * epoch
         )
-        computed = _program_flops(record, cache)
-        trained = [_own_flops(m, cache) for models in record["trained"] for m in models]
+        computed = computed_flops(record["plan"], record["slot_values"], record["built"])
+        for model in (m for models in record["trained"] for m in models):
+            if id(model) not in flops:
+                flops[id(model)] = own_flops(model)
+        trained = [flops[id(m)] for models in record["trained"] for m in models]
         if computed is None or None in trained:
             padding_free = None
         elif padding_free is not None:

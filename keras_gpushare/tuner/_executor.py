@@ -27,10 +27,12 @@ that run the trials (`_process_executor`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import keras
+
+from keras_gpushare.tuner._search_ledger import SearchLedger
 
 
 @dataclass
@@ -76,6 +78,7 @@ class TrialCalls:
             the models' optimizer state).
         build_state: `build_state(model)`: what the build of `model` left of the random
             generators (a `_data_orders.BuildState`), None when not known.
+        ledger: where the executor records the programs it compiles and what they compute.
     """
 
     objective: Any
@@ -94,6 +97,7 @@ class TrialCalls:
     batch_hooks: bool
     epoch_end_hook: bool
     build_state: Callable[[keras.Model], Any] = lambda model: None
+    ledger: SearchLedger = field(default_factory=SearchLedger)
 
 
 class NextTrials(Protocol):

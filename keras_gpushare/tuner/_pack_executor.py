@@ -14,6 +14,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack import ModelPack
 from keras_gpushare.tuner._data_orders import OrderCheck
 from keras_gpushare.tuner._executor import RoundExecutor, TrialCalls, TrialFeed, TrialOutcome
+from keras_gpushare.tuner._search_ledger import EpochCounter
 from keras_gpushare.tuner._trial_callbacks import (
     BestCheckpoint,
     PackTrials,
@@ -111,6 +112,7 @@ def _run_alone(
         trial.trial_id,
         path["why"],
     )
+    calls.ledger.alone += 1
     try:
         results = calls.run_alone(trial, *fit_args, **dict(fit_kwargs))
     except Exception as e:
@@ -209,6 +211,7 @@ def _prepare(calls: TrialCalls, trial: Trial, fit_kwargs: dict) -> list[TrialRun
         runs.append(
             TrialRun(calls, trial, execution, model, callbacks, last_epoch, checkpoint, state)
         )
+    calls.ledger.trial(trial.trial_id, runs[0].model)
     return runs
 
 
@@ -327,13 +330,19 @@ def _fit_group(
         callbacks = [cb for run in runs for cb in run.callbacks]
         batch_hooks = calls.batch_hooks or implements_batch_hooks(callbacks)
         pack.compile(**_compile_args(runs, batch_hooks))
+        calls.ledger.compiled(pack, [run.model for run in runs], slot_values=False)
         kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
         hooks = PackTrialsWithBatches if batch_hooks else PackTrials
         # Checkpoints hold weights alone: the trials' optimizer state is refreshed at each
         # epoch end only for the user's callbacks and tuner hooks.
         optimizer_state = bool(callbacks) or calls.epoch_end_hook
-        kwargs["callbacks"] = [hooks(pack, runs, kwargs["epochs"], optimizer_state)]
+        kwargs["callbacks"] = [
+            hooks(pack, runs, kwargs["epochs"], optimizer_state),
+            EpochCounter(
+                calls.ledger, pack, lambda: [run.trial.trial_id for run in runs if run.active]
+            ),
+        ]
         kwargs["initial_epoch"] = _start_epoch(runs[0], fit_kwargs)
         batch_size = _batch_size(runs[0], fit_kwargs)
         if batch_size is not None:

@@ -37,6 +37,7 @@ from keras_gpushare.tuner._pack_executor import (
     _run_alone,
     _start_epoch,
 )
+from keras_gpushare.tuner._search_ledger import EpochCounter
 from keras_gpushare.tuner._trial_callbacks import TrialRun, implements_batch_hooks
 from keras_gpushare.tuner._update_payback import expected_steps, fuse_update_pays
 
@@ -281,6 +282,7 @@ class SlotExecutor(PackExecutor):
             if index is None:
                 continue
             program.pack.load_member(index, run.model)
+            self.calls.ledger.loaded += 1
             self._orders.joins(run, program.runs)
             program.slots[index] = run
             self._begin(program, index, run)
@@ -305,6 +307,7 @@ class SlotExecutor(PackExecutor):
                 _slot_values=True,
             )
             pack.compile(**_compile_args(runs, batch_hooks))
+            self.calls.ledger.compiled(pack, [run.model for run in runs], slot_values=True)
         except Exception as e:
             for trial_id in dict.fromkeys(run.trial.trial_id for run in runs):
                 self._runs_of.pop(trial_id, None)
@@ -413,8 +416,11 @@ class SlotExecutor(PackExecutor):
 
         hooks = _SlotEpochWithBatches if program.batch_hooks else _SlotEpoch
         epoch = hooks(program, bool(self.calls.epoch_end_hook), refill)
+        counter = EpochCounter(
+            self.calls.ledger, program.pack, lambda: [r.trial.trial_id for r in program.runs]
+        )
         try:
-            program.pack.fit(*self._fit_args, callbacks=[epoch], **kwargs)
+            program.pack.fit(*self._fit_args, callbacks=[epoch, counter], **kwargs)
         except Exception as e:
             self._programs.remove(program)
             logger.warning(

@@ -20,6 +20,7 @@ from keras_gpushare.tuner import _state
 from keras_gpushare.tuner._data_orders import built
 from keras_gpushare.tuner._devices import device_entries
 from keras_gpushare.tuner._executor import AloneFallback, Executor, TrialCalls, TrialFeed
+from keras_gpushare.tuner._search_ledger import SearchLedger
 from keras_gpushare.tuner.oracle import ParallelOracle
 
 logger = logging.getLogger("keras_gpushare.tuner")
@@ -238,6 +239,8 @@ class ParallelTuner(keras_tuner.Tuner):
         self._built: dict[int, tuple] = {}
         # The random generators' state each trial model's build left (`_data_orders`).
         self._build_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # What the in-process executors compile and compute, for the search's log.
+        self._ledger = SearchLedger()
         self._executor = self._make_executor(self.executor)
 
     def _make_executor(self, executor: str) -> Executor:
@@ -287,6 +290,7 @@ class ParallelTuner(keras_tuner.Tuner):
             checkpoint_file=lambda trial_id: _upstream.checkpoint_file(self, trial_id),
             save_build_config=self._save_build_config,
             build_state=self._build_states.get,
+            ledger=self._ledger,
             batch_hooks=any(_overrides(type(self), n) for n in hooks[2:]),
             epoch_end_hook=_overrides(type(self), "on_epoch_end") is not None,
             **{name: self._hook(name) for name in hooks},
@@ -326,7 +330,11 @@ class ParallelTuner(keras_tuner.Tuner):
             # here on is always resumed (KerasTuner reloads only when the tuner file exists).
             self.save()
         self.on_search_begin()
+        self._ledger.reset()
         self._executor.run(self._feed(remote), fit_args, fit_kwargs)
+        summary = self._ledger.summary()
+        if summary is not None:
+            logger.info(summary)
         self.on_search_end()
 
     def _feed(self, remote: bool) -> TrialFeed:
