@@ -58,6 +58,38 @@ def batch_error(y_true, y_pred):
     return keras.ops.mean(keras.ops.abs(y_pred - y_true))
 
 
+class HitRate(keras.metrics.Metric):
+    """A user's metric with its own configuration (`get_config`) and a state that does not
+    start at zero (one pseudo-hit in one pseudo-sample), weighted by sample weights."""
+
+    def __init__(self, threshold=0.5, name="hit_rate", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.threshold = threshold
+        self.hits = self.add_variable((), initializer="ones", name="hits")
+        self.seen = self.add_variable((), initializer="ones", name="seen")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        predicted = keras.ops.cast(keras.ops.greater(y_pred, self.threshold), "float32")
+        hit = keras.ops.cast(
+            keras.ops.equal(predicted, keras.ops.cast(y_true, "float32")), "float32"
+        )
+        weight = keras.ops.ones_like(hit)
+        if sample_weight is not None:
+            weight = weight * keras.ops.reshape(keras.ops.cast(sample_weight, "float32"), (-1, 1))
+        self.hits.assign_add(keras.ops.sum(hit * weight))
+        self.seen.assign_add(keras.ops.sum(weight))
+
+    def result(self):
+        return self.hits / self.seen
+
+    def reset_state(self):
+        self.hits.assign(1.0)
+        self.seen.assign(1.0)
+
+    def get_config(self):
+        return {**super().get_config(), "threshold": self.threshold}
+
+
 def _data(config, rng):
     x = rng.normal(size=(BATCH * 2, 6)).astype("float32")
     kind = config["labels"]
@@ -184,6 +216,16 @@ CONFIGS = {
             "metrics": ["accuracy", keras.metrics.AUC(num_thresholds=10)],
         },
         "sample_weight": True,
+    },
+    # A user's metric class, alike for every member.
+    "user_metric": {
+        "build": _dense([8, 12], 1, (1, "sigmoid")),
+        "labels": "binary",
+        "compile": lambda: {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy", HitRate()],
+        },
     },
     # A user's loss function and members' own regularizers, padded.
     "user_loss": {

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 from pack_builders import copy_model, mlp
-from step_counts import CONFIGS, fit_one_batch, smooth_error, step_counts
+from step_counts import CONFIGS, HitRate, fit_one_batch, smooth_error, step_counts
 
 import keras_gpushare as kg
 
@@ -360,7 +360,8 @@ def test_weighted_metrics_stacked_equal_each_ones_own_fit(binary_data, weights):
 
 
 class _MeanPrediction(keras.metrics.Metric):
-    """A user's stateful metric: no stacked form, so computed member by member."""
+    """A user's stateful metric with no `get_config`: its members' metrics cannot be told
+    alike, so it is computed member by member."""
 
     def __init__(self, name="mean_prediction", **kwargs):
         super().__init__(name=name, **kwargs)
@@ -409,7 +410,7 @@ def test_other_metric_kinds_stacked_and_the_rest_member_by_member(binary_data):
     assert pack.engine == "fused"
     report = pack.fusion_report
     assert "group 0's step: metrics computed member by member: " in report
-    assert "mean_prediction (_MeanPrediction is not one of the metrics computed stacked)" in report
+    assert "mean_prediction (_MeanPrediction defines no `get_config`, " in report
     assert "hit (the members' metrics of this name differ)" in report
     assert ("iou (torch cannot vectorize its update)" in report) == (BACKEND == "torch")
     for name in ("f1", "r2", "rmse"):
@@ -422,6 +423,67 @@ def test_other_metric_kinds_stacked_and_the_rest_member_by_member(binary_data):
         alone = twin.evaluate(x, y, return_dict=True, verbose=0)
         assert set(own.history) == {"loss", "f1", "iou", "r2", "rmse", "mean_prediction", "hit"}
         _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone)
+
+
+@pytest.mark.parametrize("labels", ["shared", "per_member"])
+def test_a_users_metric_class_alike_for_every_member_is_computed_stacked(binary_data, labels):
+    """A user's `Metric` class with a `get_config`, configured alike for every member, is
+    tried once before the first step and, as its update maps over the members exactly,
+    computed stacked from its own initial state (in `metrics` and `weighted_metrics`, with
+    shared or per-member labels); one configured differently per member is computed member
+    by member. Logs and `evaluate` equal each member's own fit."""
+    x, y = binary_data
+    rng = np.random.default_rng(7)
+    weights = rng.random(len(x)).astype("float32")
+    y_fit = y if labels == "shared" else [y, 1.0 - y, y]
+    members = [mlp(4 + 2 * s, seed=s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    thresholds = (0.4, 0.5, 0.6)
+
+    def compile_args(threshold):
+        return {
+            "optimizer": "adam",
+            "loss": "binary_crossentropy",
+            "metrics": [HitRate(0.5), HitRate(threshold, name="own_rate")],
+            "weighted_metrics": [HitRate(0.5)],
+        }
+
+    pack = kg.ModelPack(members)
+    pack.compile(
+        **{
+            **compile_args(0.5),
+            "metrics": [[HitRate(0.5), HitRate(t, name="own_rate")] for t in thresholds],
+        }
+    )
+    kwargs = dict(sample_weight=weights, batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, y_fit, epochs=2, **kwargs)
+    evaluated = pack.evaluate(x, y_fit, return_dict=True, verbose=0)
+    assert pack.engine == "fused"
+    report = pack.fusion_report
+    assert "own_rate (the members' metrics of this name differ)" in report
+    assert "hit_rate (" not in report
+    for i, (twin, threshold) in enumerate(zip(twins, thresholds)):
+        twin.compile(**compile_args(threshold))
+        own_labels = y if labels == "shared" else y_fit[i]
+        own = twin.fit(x, own_labels, epochs=2, **kwargs)
+        alone = twin.evaluate(x, own_labels, return_dict=True, verbose=0)
+        assert {"hit_rate", "own_rate", "weighted_hit_rate"} <= set(own.history)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone)
+
+
+def test_a_users_metric_used_before_packing_is_still_stacked(binary_data):
+    """Members fitted alone before, whose metric objects hold state, keep their metrics
+    (`compile` without `metrics`): the trial judges the class by a new metric of its
+    configuration, so the column is still stacked."""
+    x, y = binary_data
+    members = [mlp(4 + s, seed=s) for s in range(2)]
+    for member in members:
+        member.compile(optimizer="adam", loss="binary_crossentropy", metrics=[HitRate()])
+        member.fit(x, y, epochs=1, verbose=0)
+    pack = kg.ModelPack(members)
+    pack.compile(optimizer="adam", loss="binary_crossentropy")
+    pack.fit(x, y, epochs=1, verbose=0)
+    assert "hit_rate (" not in pack.fusion_report
 
 
 class _SummedError(keras.losses.Loss):

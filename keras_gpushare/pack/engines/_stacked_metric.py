@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import keras
@@ -10,7 +11,7 @@ from keras import ops
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._backend import BACKEND
-from keras_gpushare.pack.fusion.base import host_zeros
+from keras_gpushare.pack.fusion.base import host_constant, host_zeros
 
 # Metrics whose state starts at zero and whose update and result map over a member axis
 # exactly (`ops.vectorized_map` of their stateless methods): the confusion-matrix family,
@@ -42,6 +43,11 @@ STACKABLE = (
     *(() if BACKEND.name == "torch" else _IOU),
 )
 
+# A user's metric classes, by member 0's metric of a column: the values its `reset_state`
+# leaves where `probe` found its update, mapped over the members, equal to each member's
+# own; else why it is computed member by member.
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 class StackedMetric(keras.metrics.Metric):
     """`template`'s metric for N members: each variable gains a leading member axis.
@@ -52,21 +58,43 @@ class StackedMetric(keras.metrics.Metric):
     variables are never touched.
 
     Args:
-        template: one member's metric (every member's is alike); one of `STACKABLE`.
+        template: one member's metric (every member's is alike): one of `STACKABLE`, or a
+            user's that `probe` found to map over the members.
         n_members: the number of members.
+        initial: the values the template's `reset_state` leaves in its variables (a user's
+            metric may reset to other values than zeros); None for zeros.
     """
 
-    def __init__(self, template: keras.metrics.Metric, n_members: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        template: keras.metrics.Metric,
+        n_members: int,
+        initial: list | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name=f"member_{template.name}", **kwargs)
         # Not tracked: the template's own variables are no part of this metric's state.
         object.__setattr__(self, "template", template)
         self.n_members = n_members
+        self.initial = initial
         self.stacked = [
             self.add_variable(
-                (n_members, *v.shape), initializer=host_zeros, dtype=v.dtype, name=v.name
+                (n_members, *v.shape),
+                initializer=host_zeros
+                if initial is None
+                else host_constant([initial[k]] * n_members),
+                dtype=v.dtype,
+                name=v.name,
             )
-            for v in template.variables
+            for k, v in enumerate(template.variables)
         ]
+
+    def reset_state(self) -> None:
+        if self.initial is None:
+            super().reset_state()
+            return
+        for variable, value in zip(self.stacked, self.initial):
+            variable.assign(np.broadcast_to(value, variable.shape))
 
     def update_state(
         self, y_true: Any, y_pred: Any, sample_weight: Any = None, per_member: bool = False
@@ -96,10 +124,10 @@ class StackedMetric(keras.metrics.Metric):
         return ops.vectorized_map(lambda v: self.template.stateless_result(list(v)), values)
 
     def reset_member(self, j: int) -> None:
-        """Zeroes member j's state, leaving the others'."""
-        for variable in self.stacked:
+        """Restarts member j's state, leaving the others'."""
+        for k, variable in enumerate(self.stacked):
             values = np.array(ops.convert_to_numpy(variable))
-            values[j] = 0
+            values[j] = 0 if self.initial is None else self.initial[k]
             variable.assign(values)
 
 
@@ -115,18 +143,115 @@ def ready(metric: keras.metrics.Metric, pred_shape: Any) -> None:
 
 def stacks(metric: keras.metrics.Metric) -> bool:
     """Whether `metric` can be one of a `StackedMetric`'s members: one of `STACKABLE`
-    exactly (not a subclass, whose update may differ), its state made, with a
-    single-number result."""
+    exactly (not a subclass, whose update may differ) or a user's that `probe` found to
+    map, its state made, with a single-number result."""
     return (
-        type(metric) in STACKABLE
+        (type(metric) in STACKABLE or isinstance(_PROBED.get(metric), list))
         and _upstream.metric_built(metric)
         and len(ops.shape(metric.result())) == 0
     )
 
 
+def initial_values(metric: keras.metrics.Metric) -> list | None:
+    """The reset state of a user's metric that `probe` found to map (None: zeros)."""
+    found = _PROBED.get(metric)
+    return found if isinstance(found, list) else None
+
+
+# The batch a user's metric is tried on (`probe`).
+_PROBE_BATCH = 16
+
+
+def probe(column: list, label: Any, output_shape: tuple, per_member: bool, weighted: bool) -> None:
+    """Decides whether a column of a user's metrics (one per member, of one class and
+    configuration) is computed stacked, by trying it: each member's metric, reset, updated
+    on random labels and predictions alone, against the first one's update mapped over the
+    members from its reset state (`StackedMetric`); stacked when every member's result is
+    its own.
+
+    Not tried, so computed member by member: Keras's own metrics (`STACKABLE` says which
+    map); a class that does not define `get_config` (its members' metrics could be
+    configured differently where their configurations read alike); a metric whose state
+    starts other than its `reset_state` leaves it (Keras resets it before some first epochs
+    and not others: on TensorFlow not before the first). The members' metrics are left as
+    they were.
+
+    Args:
+        column: the members' metrics of one name, alike.
+        label: this output's labels, for their shape and dtype (tried: labels of 0 and 1,
+            or integers below the output's width); with `per_member` every member is tried
+            on labels of its own.
+        output_shape: one member's output, batch axis first.
+        per_member: whether the labels are given one per member.
+        weighted: a column of `weighted_metrics`, tried with random sample weights too.
+    """
+    first = column[0]
+    if first in _PROBED or _upstream.is_keras_builtin(type(first)):
+        return
+    if type(first).get_config is keras.metrics.Metric.get_config:
+        _PROBED[first] = (
+            f"{type(first).__name__} defines no `get_config`, so its members' metrics cannot "
+            "be told alike"
+        )
+        return
+    kept = [[np.array(ops.convert_to_numpy(v)) for v in m.variables] for m in column]
+    try:
+        _PROBED[first] = _try_stacked(column, label, output_shape, per_member, weighted)
+    except Exception as e:  # a user's update that cannot be mapped: member by member
+        lines = str(e).strip().splitlines()
+        error = type(e).__name__ + (f": {lines[0][:100]}" if lines else "")
+        _PROBED[first] = f"its update could not be mapped over the members ({error})"
+    finally:
+        for metric, values in zip(column, kept):
+            for variable, value in zip(metric.variables, values):
+                variable.assign(value)
+
+
+def _try_stacked(
+    column: list, label: Any, output_shape: tuple, per_member: bool, weighted: bool
+) -> list | str:
+    """`probe`'s trial: the reset state to stack from, or why not."""
+    first, n, rng = column[0], len(column), np.random.default_rng(0)
+    # The class's own start and reset, on a new metric (the members' may have been used).
+    new = type(first).from_config(first.get_config())
+    fresh = [np.array(ops.convert_to_numpy(v)) for v in new.variables]
+    new.reset_state()
+    initial = [np.array(ops.convert_to_numpy(v)) for v in new.variables]
+    if any(not np.array_equal(a, b) for a, b in zip(fresh, initial)):
+        return "its state starts other than its `reset_state` leaves it"
+    predictions = rng.random((n, _PROBE_BATCH, *tuple(output_shape)[1:])).astype("float32")
+    dtype = keras.backend.standardize_dtype(label.dtype)
+    top = max(int(output_shape[-1] or 1), 2) if "int" in dtype else 2
+    labels = rng.integers(0, top, size=(n, _PROBE_BATCH, *tuple(label.shape)[1:]))
+    labels = labels.astype(dtype)
+    weights = rng.random((n, _PROBE_BATCH)).astype("float32") if weighted else None
+    own = []
+    for j, metric in enumerate(column):
+        metric.reset_state()
+        j_label = labels[j] if per_member else labels[0]
+        j_weight = None if weights is None else weights[j] if per_member else weights[0]
+        metric.update_state(j_label, predictions[j], sample_weight=j_weight)
+        own.append(np.asarray(ops.convert_to_numpy(metric.result()), dtype="float64"))
+    mapped = StackedMetric(first, n, initial=initial)
+    mapped.update_state(
+        ops.convert_to_tensor(labels if per_member else labels[0]),
+        ops.convert_to_tensor(predictions),
+        None if weights is None else ops.convert_to_tensor(weights if per_member else weights[0]),
+        per_member=per_member,
+    )
+    results = np.asarray(ops.convert_to_numpy(mapped.result()), dtype="float64")
+    if results.shape != (n,) or not np.allclose(
+        results, np.stack(own), rtol=1e-5, atol=1e-6, equal_nan=True
+    ):
+        return "its update mapped over the members did not give each member's own"
+    return initial
+
+
 def why_not(metric: keras.metrics.Metric) -> str:
     """Why `metric` (not stacked) is computed member by member, in a few words."""
-    if type(metric) not in STACKABLE:
+    if isinstance(_PROBED.get(metric), str):
+        return _PROBED[metric]
+    if type(metric) not in STACKABLE and not isinstance(_PROBED.get(metric), list):
         if isinstance(metric, _IOU) and BACKEND.name == "torch":
             return "torch cannot vectorize its update"
         return f"{type(metric).__name__} is not one of the metrics computed stacked"

@@ -25,7 +25,14 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines._penalties import MemberPenalties
-from keras_gpushare.pack.engines._stacked_metric import StackedMetric, ready, stacks, why_not
+from keras_gpushare.pack.engines._stacked_metric import (
+    StackedMetric,
+    initial_values,
+    probe,
+    ready,
+    stacks,
+    why_not,
+)
 from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
 from keras_gpushare.pack.fusion import build_fused_model
 from keras_gpushare.pack.fusion.base import host_zeros
@@ -737,7 +744,8 @@ class FusedEngine(GradientEngine):
         that every member has alike is computed for all members at once on the stacked
         predictions into stacked state (`metrics=` ignore sample weights,
         `weighted_metrics=` take them, as in Keras): means of a function (accuracy, MAE,
-        top-k, ...) and the `StackedMetric` kinds (AUC, precision, F1, R2, IoU, ...). Each
+        top-k, ...) and the `StackedMetric` kinds (AUC, precision, F1, R2, IoU, ..., and a
+        user's metric class its trial found to map, `_stacked_metric.probe`). Each
         other metric is computed member by member, the others' still stacked; members
         whose metrics differ in names are computed member by member altogether.
         """
@@ -853,7 +861,7 @@ class FusedEngine(GradientEngine):
             if isinstance(metric, keras.metrics.MeanMetricWrapper):
                 state = StackedMean(len(self.members), name=f"member_{figure}")
             else:
-                state = StackedMetric(metric, len(self.members))
+                state = StackedMetric(metric, len(self.members), initial_values(metric))
             self.metric_states[figure] = state
         return state
 
@@ -865,6 +873,7 @@ class FusedEngine(GradientEngine):
         """
         self._step_planned = True
         self._ready_metrics()
+        self._probe_user_metrics(y)
         columns = self._shared_metric_columns(y)
         for _, figure, column, _, stacked in columns or []:
             if stacked:
@@ -880,6 +889,30 @@ class FusedEngine(GradientEngine):
                 state = StackedMean(len(self.members), name=f"member_{tracker.name}")
                 self.tracker_states[tracker.name] = state
         self._losses_stacked = True
+
+    def _probe_user_metrics(self, y: Any) -> None:
+        """Tries each column of a user's metric classes stacked on this batch's labels
+        (`_stacked_metric.probe`): the columns it maps exactly are then computed stacked."""
+        if y is None or not self._labels_shared(y) and not self._labels_stack(y):
+            return
+        compiled = [_upstream.compile_metrics(m) for m in self.members]
+        outputs = getattr(self.members[0], "outputs", None)
+        if not outputs or any(c is None or not c.built for c in compiled):
+            return
+        per_member = not self._labels_shared(y)
+        if per_member:  # one member's, for their shape and dtype
+            labels = tree.flatten(self._targets(y, None)[0][0])
+        else:
+            labels = _upstream.flat_outputs(compiled[0], y)
+        shapes = [tuple(t.shape) for t in tree.flatten(outputs)]
+        for weighted in (False, True):
+            found = _alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
+            for output, _, metric, column, stacked in found or []:
+                if stacked or isinstance(metric, keras.metrics.MeanMetricWrapper):
+                    continue
+                if not _alike(column) or output >= len(shapes):
+                    continue
+                probe(column, labels[output], shapes[output], per_member, weighted)
 
     def _ready_metrics(self) -> None:
         """Makes the state of member 0's metrics that make it on their first update (their
