@@ -273,6 +273,40 @@ def test_two_output_members_train_stacked_as_each_ones_own_fit(binary_data, labe
         _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
 
 
+def _unnamed_two_outputs(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10,))
+    h = keras.layers.Dense(4 + seed, activation="relu")(inputs)
+    return keras.Model(
+        inputs, [keras.layers.Dense(1, activation="sigmoid")(h), keras.layers.Dense(2)(h)]
+    )
+
+
+def test_members_whose_outputs_are_named_apart_log_their_own_output_losses(binary_data):
+    """Two-output members built without output names (Keras numbers each model's layers)
+    compute their output losses stacked, and each logs them under its own output names
+    (`m1_dense_5_loss`), as its own fit does; before, every member logged member 0's."""
+    x, y = binary_data
+    y_b = np.stack([x[:, 0], x[:, 1] - x[:, 2]], axis=1).astype("float32")
+    members = [_unnamed_two_outputs(s) for s in range(2)]
+    assert members[0].output_names != members[1].output_names
+    twins = [copy_model(m) for m in members]
+    args = dict(optimizer="adam", loss=["binary_crossentropy", "mae"], loss_weights=[1.0, 0.5])
+    pack = kg.ModelPack(members)
+    pack.compile(**args)
+    kwargs = dict(batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, [y, y_b], epochs=2, **kwargs)
+    evaluated = pack.evaluate(x, [y, y_b], return_dict=True, verbose=0)
+    assert pack.engine == "fused"
+    assert "step: loss" not in pack.fusion_report
+    for i, twin in enumerate(twins):
+        twin.compile(**args)
+        own = twin.fit(x, [y, y_b], epochs=2, **kwargs)
+        alone = twin.evaluate(x, [y, y_b], return_dict=True, verbose=0)
+        assert {f"{name}_loss" for name in members[i].output_names} <= set(own.history)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
+
+
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_every_counted_configuration_trains_fused(config):
     # The counted compile settings are valid fits on every backend, torch included.

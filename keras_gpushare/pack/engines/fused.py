@@ -432,6 +432,9 @@ class FusedEngine(GradientEngine):
         # Members of several outputs: each output's loss tracker (`a_loss`), stacked, by
         # figure name, once their losses are computed stacked (`_losses_stacked`).
         self.tracker_states: dict[str, StackedMean] = {}
+        # Each member's own name of each stacked loss tracker (`{output}_loss`: members'
+        # outputs may be named differently), by member 0's.
+        self._tracker_names: dict[str, list[str]] = {}
         self._loss_groups: list[_OneLoss] | None = None
         self._losses_alike = False
         self._losses_stacked = False
@@ -884,10 +887,12 @@ class FusedEngine(GradientEngine):
             self._own_columns = [(f, column) for _, f, column, _, stacked in columns if not stacked]
         if y is None or not self._labels_shared(y) or not self._stackable_loss_parts():
             return
-        for *_, tracker in _upstream.loss_parts(self._compile_loss()):
+        parts = [_upstream.loss_parts(_upstream.compile_loss(m)) for m in self.members]
+        for k, (*_, tracker) in enumerate(parts[0]):
             if tracker is not None and tracker.name not in self.tracker_states:
                 state = StackedMean(len(self.members), name=f"member_{tracker.name}")
                 self.tracker_states[tracker.name] = state
+                self._tracker_names[tracker.name] = [own[k][3].name for own in parts]
         self._losses_stacked = True
 
     def _probe_user_metrics(self, y: Any) -> None:
@@ -964,8 +969,7 @@ class FusedEngine(GradientEngine):
         """The stacked loss and shared metrics as they are; other metrics member by member."""
         ran = ops.greater(ops.convert_to_tensor(self.loss_state.count), 0)
         shared = {name: state.result() for name, state in self.metric_states.items()}
-        shared.update({name: state.result() for name, state in self.tracker_states.items()})
-        own = []
+        own: list[dict] = []
         for member in self.members:
             items = {}
             compiled_metrics = _upstream.compile_metrics(member)
@@ -979,6 +983,15 @@ class FusedEngine(GradientEngine):
         for figure, column in self._own_columns:
             for items, metric in zip(own, column):
                 items[figure] = metric.result()
+        for name, state in self.tracker_states.items():
+            names = self._tracker_names[name]
+            if all(own_name == name for own_name in names):
+                shared[name] = state.result()
+                continue
+            # Members whose outputs are named differently: each logs its own name.
+            values = ops.unstack(state.result(), num=len(self.members))
+            for items, own_name, value in zip(own, names, values):
+                items[own_name] = value
         return GroupFigures(self.loss_state.result(), ran, shared, own)
 
     # Members -----------------------------------------------------------------------------
