@@ -273,6 +273,38 @@ def test_two_output_members_train_stacked_as_each_ones_own_fit(binary_data, labe
         _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
 
 
+def test_two_output_members_of_different_losses_and_weights_train_stacked(binary_data):
+    """Two-output members compiled each with its own Keras losses and loss weights (kept by
+    `pack.compile` without a loss): each output's loss is a call per distinct loss on its
+    members' rows, times each member's own weight; nothing is reported per member, and logs,
+    `evaluate` and weights equal each member's own fit."""
+    x, y = binary_data
+    y_b = np.stack([x[:, 0], x[:, 1] - x[:, 2]], axis=1).astype("float32")
+    own_losses = [
+        ({"a": "binary_crossentropy", "b": "mae"}, {"a": 1.0, "b": 0.5}),
+        ({"a": "binary_crossentropy", "b": "mse"}, {"a": 1.0, "b": 0.25}),
+        ({"a": "binary_crossentropy", "b": keras.losses.Huber(delta=0.5)}, None),
+    ]
+    members = [_two_outputs(s) for s in range(3)]
+    twins = [copy_model(m) for m in members]
+    for model in (*members, *twins):
+        loss, weights = own_losses[(members + twins).index(model) % 3]
+        model.compile(optimizer="adam", loss=loss, loss_weights=weights)
+    pack = kg.ModelPack(members)
+    pack.compile(optimizer="adam")
+    y_both = {"a": y, "b": y_b}
+    kwargs = dict(batch_size=32, shuffle=False, verbose=0)
+    history = pack.fit(x, y_both, epochs=2, **kwargs)
+    evaluated = pack.evaluate(x, y_both, return_dict=True, verbose=0)
+    assert pack.engine == "fused"
+    assert "step: loss" not in pack.fusion_report
+    for i, twin in enumerate(twins):
+        own = twin.fit(x, y_both, epochs=2, **kwargs)
+        alone = twin.evaluate(x, y_both, return_dict=True, verbose=0)
+        assert {"a_loss", "b_loss"} <= set(own.history)
+        _assert_member_is_its_own_fit(pack, i, history, evaluated, own, alone, twin)
+
+
 def _unnamed_two_outputs(seed):
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((10,))

@@ -199,25 +199,57 @@ def _resolve(path: Any, value: Any) -> Any:
     return value
 
 
-def _losses_alike(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> bool:
-    """Whether members of several outputs each compile the same losses of Keras's own, with
-    the same loss weights: their losses and loss trackers can then be computed stacked,
-    output by output (`FusedEngine._stacked_output_losses`)."""
+def _output_losses_stack(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> bool:
+    """Whether members of several outputs compile losses of Keras's own only (each member
+    its own, and its own loss weights): their losses and loss trackers can then be computed
+    stacked, output by output, a call per distinct loss (`FusedEngine._stacked_output_losses`)."""
     if any((data_lib.output_count(m) or 1) < 2 for m in members):
         return False
-    return _alike_keras_losses(compile_args)
+    return all(_keras_own_loss(args["loss"]) for args in compile_args)
 
 
-def _alike_keras_losses(compile_args: Sequence[dict]) -> bool:
-    """Whether every member compiles the same losses, all Keras's own, with the same loss
-    weights."""
-    if not all(_keras_own_loss(args["loss"]) for args in compile_args):
-        return False
-    specs = [
-        keras.saving.serialize_keras_object((args["loss"], args.get("loss_weights")))
-        for args in compile_args
-    ]
-    return all(spec == specs[0] for spec in specs)
+class _OutputLoss:
+    """One output's part of the members' compiled losses, computed stacked: its `path`
+    into the outputs, its loss `groups` (`_OneLoss`, a call each), every member's loss
+    weight (`weights`, a `(N,)` array; None where every member's is 1), and the name of
+    member 0's tracker of it (`<output>_loss`), or None."""
+
+    def __init__(self, path: Any, groups: list, weights: Any, tracker: str | None) -> None:
+        self.path = path
+        self.groups = groups
+        self.weights = weights
+        self.tracker = tracker
+
+
+def _output_losses(parts: list[list]) -> list[_OutputLoss] | None:
+    """The members' compiled losses (`loss_parts` of each member's `CompileLoss`, compiled
+    from Keras's own losses: `_output_losses_stack`) output by output, or None unless every
+    part is reduced to one number and the members' parts line up (paths, trackers). Members
+    of one loss (by configuration) form a group."""
+    first = parts[0]
+    if any(len(p) != len(first) for p in parts):
+        return None
+    found = []
+    for k, (path, _, _, tracker) in enumerate(first):
+        column = [p[k] for p in parts]
+        if any(tuple(c[0]) != tuple(path) or (c[3] is None) != (tracker is None) for c in column):
+            return None
+        by_key: dict[str, tuple[Any, list[int]]] = {}
+        for j, (_, fn, _, _) in enumerate(column):
+            if not isinstance(fn, keras.losses.Loss) or fn.reduction not in _SCALAR_REDUCTIONS:
+                return None
+            key = str(keras.saving.serialize_keras_object(fn))
+            by_key.setdefault(key, (fn, []))[1].append(j)
+        groups = [
+            _OneLoss(
+                fn, fn.reduction != "sum_over_batch_size", None if len(ids) == len(parts) else ids
+            )
+            for fn, ids in by_key.values()
+        ]
+        weights = [1.0 if c[2] is None else float(c[2]) for c in column]
+        vector = None if all(w == 1.0 for w in weights) else np.asarray(weights, "float32")
+        found.append(_OutputLoss(path, groups, vector, None if tracker is None else tracker.name))
+    return found
 
 
 _PER_MEMBER_LABELS = (
@@ -436,7 +468,8 @@ class FusedEngine(GradientEngine):
         # outputs may be named differently), by member 0's.
         self._tracker_names: dict[str, list[str]] = {}
         self._loss_groups: list[_OneLoss] | None = None
-        self._losses_alike = False
+        self._several_outputs_stack = False
+        self._output_parts: list[_OutputLoss] | None = None
         self._losses_stacked = False
         # Whether the members' compiled metrics are computed column by column
         # (`_shared_metric_columns`): stacked where they can be (`metric_states`), the
@@ -467,7 +500,9 @@ class FusedEngine(GradientEngine):
 
     def configure(self, compile_args: Sequence[dict]) -> None:
         self._loss_groups = _loss_groups(self.members, compile_args)
-        self._losses_alike = self._loss_groups is None and _losses_alike(self.members, compile_args)
+        self._several_outputs_stack = self._loss_groups is None and _output_losses_stack(
+            self.members, compile_args
+        )
 
     def supports_jit(self) -> bool:
         """Keras's rule for the fused model, except on torch and on a TensorFlow CPU.
@@ -588,30 +623,27 @@ class FusedEngine(GradientEngine):
 
     def _stacked_output_losses(self, y: Any, y_pred: Any, sample_weight: Any) -> Any:
         """Every member's loss, shape (k,), output by output on the stacked outputs, as
-        Keras's `CompileLoss` computes one member's: each output's loss (its tracker
-        updated, unweighted), times its loss weight, summed."""
+        Keras's `CompileLoss` computes one member's: each output's loss (a call per distinct
+        loss on its members' rows; its tracker updated, unweighted), times each member's
+        loss weight, summed."""
         outputs = _stacked_structure(y_pred)
         labels = self._labels_like(y, outputs)
         batch = ops.cast(_batch_size(y), "float32")
         total = None
-        for path, fn, weight, tracker in _upstream.loss_parts(self._compile_loss()):
+        for part in self._output_parts or ():
             weights = sample_weight
             if sample_weight is not None and tree.is_nested(sample_weight):
-                weights = _resolve(path, sample_weight)
-            mapped = fn.reduction != "sum_over_batch_size"
-            label, output = _resolve(path, labels), _resolve(path, outputs)
-            values = _stacked_losses(fn, label, output, weights, mapped)
-            if tracker is not None:
-                self.tracker_states[tracker.name].update_state(
+                weights = _resolve(part.path, sample_weight)
+            label, output = _resolve(part.path, labels), _resolve(part.path, outputs)
+            values = _grouped_losses(part.groups, label, output, weights, False)
+            if part.tracker is not None:
+                self.tracker_states[part.tracker].update_state(
                     values, ops.ones_like(values) * batch
                 )
-            if weight is not None:
-                values = values * weight
+            if part.weights is not None:
+                values = values * ops.convert_to_tensor(part.weights)
             total = values if total is None else total + values
         return total
-
-    def _compile_loss(self) -> Any:
-        return _upstream.compile_loss(self.members[0])
 
     def _labels_like(self, y: Any, outputs: Any) -> Any:
         """The shared labels `y` in the structure of the members' outputs (a list or tuple
@@ -622,15 +654,12 @@ class FusedEngine(GradientEngine):
 
     def _stackable_loss_parts(self) -> bool:
         """Whether the members' built compiled losses compute as `_stacked_output_losses`
-        does: every part Keras's own, reduced to one number."""
-        compiled_loss = self._compile_loss()
-        if not self._losses_alike or compiled_loss is None or not compiled_loss.built:
+        does (`_output_losses`); keeps their parts output by output if so."""
+        compiled = [_upstream.compile_loss(m) for m in self.members]
+        if not self._several_outputs_stack or any(c is None or not c.built for c in compiled):
             return False
-        parts = _upstream.loss_parts(compiled_loss)
-        return all(
-            isinstance(fn, keras.losses.Loss) and fn.reduction in _SCALAR_REDUCTIONS
-            for _, fn, _, _ in parts
-        )
+        self._output_parts = _output_losses([_upstream.loss_parts(c) for c in compiled])
+        return self._output_parts is not None
 
     def loss(
         self, x: Any, y: Any, y_pred: Any, sample_weight: Any, status: Any, training: bool
@@ -947,9 +976,9 @@ class FusedEngine(GradientEngine):
             notes.append("loss computed member by member: this backend could not vectorize it")
         elif groups is None and not self._losses_stacked:
             notes.append(
-                "loss computed member by member: the members have several outputs whose "
-                "losses or loss weights differ, or a loss of reduction None, or labels "
-                "given per member that do not stack (several outputs, shapes that differ)"
+                "loss computed member by member: the members have several outputs and a "
+                "user's loss, or a loss of reduction None, or labels given per member that "
+                "do not stack (several outputs, shapes that differ)"
             )
         if self._own_columns:
             own = "; ".join(
