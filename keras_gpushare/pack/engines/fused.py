@@ -240,12 +240,7 @@ def _output_losses(parts: list[list]) -> list[_OutputLoss] | None:
                 return None
             key = str(keras.saving.serialize_keras_object(fn))
             by_key.setdefault(key, (fn, []))[1].append(j)
-        groups = [
-            _OneLoss(
-                fn, fn.reduction != "sum_over_batch_size", None if len(ids) == len(parts) else ids
-            )
-            for fn, ids in by_key.values()
-        ]
+        groups = [_OneLoss.of(fn, False, ids, len(parts)) for fn, ids in by_key.values()]
         weights = [1.0 if c[2] is None else float(c[2]) for c in column]
         vector = None if all(w == 1.0 for w in weights) else np.asarray(weights, "float32")
         found.append(_OutputLoss(path, groups, vector, None if tracker is None else tracker.name))
@@ -314,12 +309,9 @@ def _loss_groups(
         loss = spec if users else keras.losses.get(spec)
         if not isinstance(loss, keras.losses.Loss):
             loss = _upstream.loss_function_wrapper()(loss)
-        reduction = getattr(loss, "reduction", None)
-        if reduction not in _SCALAR_REDUCTIONS:
+        if getattr(loss, "reduction", None) not in _SCALAR_REDUCTIONS:
             return None
-        mapped = users or reduction != "sum_over_batch_size"
-        everyone = len(indices) == len(compile_args)
-        groups.append(_OneLoss(loss, mapped, None if everyone else indices))
+        groups.append(_OneLoss.of(loss, users, indices, len(compile_args)))
     return groups
 
 
@@ -339,6 +331,13 @@ class _OneLoss:
         # False once this backend could not vectorize a mapped loss: it is then computed
         # member by member.
         self.stacked = True
+
+    @classmethod
+    def of(cls, loss: keras.losses.Loss, users: bool, members: list[int], n: int) -> _OneLoss:
+        """The group of `members` (of `n` in all) compiling `loss` (`users`: a user's):
+        mapped unless Keras's own of the default reduction."""
+        mapped = users or loss.reduction != "sum_over_batch_size"
+        return cls(loss, mapped, None if len(members) == n else members)
 
 
 def _grouped_losses(
