@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar, overload
 
@@ -111,8 +112,10 @@ def check_labels(
         data_lib.check_label_ranges(y, members)
 
 
-def check_shardable(x: Any, n: int) -> None:
-    """Raises when `x` has fewer samples than the `n` members of a `data="shard"` pack."""
+def check_shardable(x: Any, n: int, given: dict | None = None) -> None:
+    """Raises when `x` has fewer samples than the `n` members of a `data="shard"` pack, or,
+    with `given` (the `fit` arguments of a pack whose members are fused), when a batch of
+    array data would not split evenly among them."""
     leaves = [] if x is None else tree.flatten(x)
     sizes = {int(v.shape[0]) for v in leaves if hasattr(v, "shape") and len(v.shape)}
     if sizes and min(sizes) < n:
@@ -120,6 +123,22 @@ def check_shardable(x: Any, n: int) -> None:
             f'Invalid data for data="shard": {min(sizes)} samples for {n} members, so some '
             f"members would get no data. Pass at least {n} samples, or use "
             'data="replicate".'
+        )
+    if not sizes or given is None:
+        return
+    batch_size = given.get("batch_size") or 32
+    samples = min(sizes)
+    split = given.get("validation_split") or 0.0
+    if split:  # the rows Keras keeps for training (`train_validation_split`)
+        samples = int(math.floor(samples * (1.0 - split)))
+    last = samples % batch_size
+    if batch_size % n or last % n:
+        uneven = f"batch_size={batch_size}" if batch_size % n else f"a last batch of {last} rows"
+        raise ValueError(
+            f'Invalid batch for data="shard" on the fused engine: {uneven} does not split '
+            f"evenly among the {n} members. Pass a `batch_size` that is a multiple of {n} "
+            "and a number of samples whose last batch is one too, or (TensorFlow) "
+            "`fuse=False`, whose graph engine gives the first members one row more."
         )
 
 

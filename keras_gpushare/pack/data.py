@@ -9,7 +9,7 @@ from typing import Any
 
 import keras
 import numpy as np
-from keras import tree
+from keras import ops, tree
 
 from keras_gpushare import _upstream
 
@@ -37,6 +37,8 @@ def labels_per_member(y: Any, output_counts: Sequence[int | None]) -> bool:
     outputs. `output_counts` gives each member's output count (`None` when unknown).
     """
     n = len(output_counts)
+    if isinstance(y, RowShards):
+        return True
     if n < 2 or not isinstance(y, (list, tuple)) or len(y) != n:
         return False
     return all(_labels_fit(label, count) for label, count in zip(y, output_counts))
@@ -91,6 +93,41 @@ def shard_rows(value: Any, i: int, n: int) -> Any:
     if value is None:
         return None
     return tree.map_structure(lambda t: t[i::n], value)
+
+
+def dealt(value: Any, n: int) -> Any:
+    """Every member's `shard_rows` of `value` at once, each array `(n, rows / n, ...)`:
+    one reshape, for a batch whose rows split evenly among the `n` members."""
+
+    def deal(t: Any) -> Any:
+        rest = tuple(t.shape[1:])
+        return ops.swapaxes(ops.reshape(t, (-1, n) + rest), 0, 1)
+
+    return tree.map_structure(deal, value)
+
+
+class RowShards:
+    """A `data="shard"` training batch's labels (or sample weights) as the members take
+    them: `shards[i]` is member i's rows (`shard_rows`), `shards.stacked()` all members'
+    at once (`dealt`). The batch's rows split evenly among the `n` members.
+
+    Args:
+        value: the batch's labels or sample weights.
+        n: the number of members.
+    """
+
+    def __init__(self, value: Any, n: int) -> None:
+        self.value = value
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return shard_rows(self.value, i, self.n)
+
+    def stacked(self) -> Any:
+        return dealt(self.value, self.n)
 
 
 def output_count(member: keras.Model) -> int | None:
@@ -170,7 +207,7 @@ def member_targets(
 
 
 def _is_list_of(value: Any, n: int) -> bool:
-    return isinstance(value, (list, tuple)) and len(value) == n
+    return isinstance(value, (list, tuple, RowShards)) and len(value) == n
 
 
 def check_label_ranges(y: Any, members: Sequence[keras.Model]) -> None:

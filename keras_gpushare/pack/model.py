@@ -126,8 +126,11 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         # Fused layers hold their members' settings as data, so `load_member` takes models
         # of other widths, activations and dropout rates (the tuner's slots).
         slot_mode = bool(kwargs.pop("_slot_values", False))
+        # `data="shard"` fused on TensorFlow too (the tuner's programs, whose batches always
+        # split evenly among the members; elsewhere it fuses anyway).
+        fused_shard = bool(kwargs.pop("_fused_shard", False))
         with fusion_base.slot_values(slot_mode):
-            plan = planner.plan_engines(members, fuse, data, groups=groups)
+            plan = planner.plan_engines(members, fuse, data, groups=groups, fused_shard=fused_shard)
         super().__init__(name=name, **kwargs)
         self._members = _fit_args.Items(members)
         self._data_mode = data
@@ -641,12 +644,13 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         validation = kwargs.get("validation_data")
         if isinstance(validation, (list, tuple)) and len(validation) >= 2:
             self._check_labels(validation[0], validation[1])
+        given = _fit_args.call_arguments("fit", x, y, args, kwargs)
         if self._data_mode == "shard":
-            _fit_args.check_shardable(x, len(self._members))
+            fused = any(engine.kind == "fused" for engine in self._engines)
+            _fit_args.check_shardable(x, len(self._members), given if fused else None)
         self._sync_member_mask()
         policy = () if self._jit_policy is None else self._jit_policy.callbacks()
         callbacks = _fit_args.fit_callbacks(self, kwargs.pop("callbacks", None), policy)
-        given = _fit_args.call_arguments("fit", x, y, args, kwargs)
         counts = _fit_args.fit_step_counts(given)
         frozen = OldObjectsFrozen(self.train_function is None)
         callbacks.append(frozen.callback())

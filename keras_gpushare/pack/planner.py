@@ -71,15 +71,19 @@ def plan_engines(
     fuse: str | bool,
     data: str,
     groups: Sequence[Sequence[int]] | None = None,
+    fused_shard: bool = False,
 ) -> EnginePlan:
     """Plans the engines for `members`.
 
     Args:
         members: the pack's members.
         fuse: `"auto"`, `True` (every member must fuse) or `False` (graph engine only).
-        data: the pack's data mode; `"shard"` trains on the graph engine.
+        data: the pack's data mode; `"shard"` trains on the graph engine where there is
+            one (TensorFlow) unless `fused_shard`, and fuses elsewhere.
         groups: fused groups given explicitly (a pack read back from a file keeps its
             saved plan); the other members go to the graph engine.
+        fused_shard: fuse `data="shard"` members on TensorFlow too (the tuner's programs,
+            whose batches always split evenly).
 
     Raises:
         ValueError: with `fuse=True` when some member cannot fuse, or when members need the
@@ -103,7 +107,7 @@ def plan_engines(
         plan.graph = tuple(range(n))
         reason = "some members are not built yet; give them a keras.Input."
         plan.reasons = {i: reason for i in range(n)}
-    elif data != "replicate":
+    elif data != "replicate" and BACKEND.graph_engine and not fused_shard:
         plan.graph = tuple(range(n))
         plan.reasons = {i: f'data="{data}" runs on the graph engine.' for i in range(n)}
     else:

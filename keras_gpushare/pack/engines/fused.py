@@ -447,10 +447,16 @@ class FusedEngine(GradientEngine):
         fusion_plan: Any = None,
     ) -> None:
         super().__init__(members, member_ids, options)
+        # `data="shard"`: each member's rows of a training batch reach its slice of the
+        # fused model, `(k, rows / N, ...)`; other batches are broadcast to every slice.
+        self._shard = options.data_mode == "shard"
+        input_mode = "stacked" if self._shard else "replicate"
         if fusion_plan is None:
-            self.fused = build_fused_model(self.members)
+            self.fused = build_fused_model(self.members, input_mode)
         else:
-            self.fused = fuse_planned(self.members, fusion_plan)
+            self.fused = fuse_planned(self.members, fusion_plan, input_mode)
+        # Whether the batch of the step being traced was dealt to the members (`call`).
+        self._dealt = False
         self._penalties = MemberPenalties(self.fused, self.members)
         # The models whose weights each slice is: the members, or the models loaded into
         # their slots by values (`load_member`); `members` keep the losses and metrics the
@@ -535,6 +541,9 @@ class FusedEngine(GradientEngine):
                     variable = getattr(layer, name)
                     # A copy: on TensorFlow a variable converts to a handle read later.
                     kept.append((variable, ops.copy(variable)))
+        if self._shard:
+            self._dealt = bool(training)
+            inputs = self._own_rows(inputs) if training else self._broadcast(inputs)
         outputs = self.fused(inputs, training=training)
         for variable, before in kept:
             keep = ops.reshape(active, (len(self.members),) + (1,) * (len(before.shape) - 1))
@@ -546,6 +555,42 @@ class FusedEngine(GradientEngine):
         if training and self._losses_stacked:
             return {_STACKED_OUTPUTS: outputs}
         return _split(outputs, len(self.members))
+
+    def _own_rows(self, value: Any) -> Any:
+        """Each of this group's members' rows of a `data="shard"` training batch (rows
+        `i, i+N, ...` for member i of the pack's N), stacked `(k, rows / N, ...)`."""
+        n = len(self.options.output_counts)
+        for leaf in tree.flatten(value):
+            rows = leaf.shape[0]
+            if rows is not None and rows % n:
+                raise ValueError(
+                    f'Invalid batch for data="shard" on the fused engine: {rows} rows do not '
+                    f"split evenly among the {n} members. Pass a `batch_size` that is a "
+                    f"multiple of {n} and a number of samples whose last batch is one too, "
+                    "or (TensorFlow) `fuse=False`, whose graph engine gives the first "
+                    "members one row more."
+                )
+        stacked = data_lib.dealt(value, n)
+        if list(self.member_ids) == list(range(n)):
+            return stacked
+        ids = ops.convert_to_tensor(np.asarray(self.member_ids, "int32"))
+        return tree.map_structure(lambda t: ops.take(t, ids, axis=0), stacked)
+
+    def _broadcast(self, value: Any) -> Any:
+        """A batch every member takes whole (evaluation, prediction), `(k, B, ...)`."""
+        k = len(self.members)
+        return tree.map_structure(
+            lambda t: ops.broadcast_to(ops.expand_dims(t, 0), (k, *ops.shape(t))), value
+        )
+
+    def _dealt_targets(self, y: Any, sample_weight: Any) -> tuple[Any, Any]:
+        """The labels and sample weights as the members take them: `RowShards` where the
+        step's batch was dealt to the members (`data="shard"` training), else as given."""
+        if not self._dealt:
+            return y, sample_weight
+        n = len(self.options.output_counts)
+        weights = None if sample_weight is None else data_lib.RowShards(sample_weight, n)
+        return data_lib.RowShards(y, n), weights
 
     def member_outputs(self, raw: Any) -> list:
         if isinstance(raw, dict) and _STACKED_OUTPUTS in raw:
@@ -567,6 +612,10 @@ class FusedEngine(GradientEngine):
         shape and dtype."""
         if any(self.options.output_counts[i] != 1 for i in self.member_ids):
             return False
+        if isinstance(y, data_lib.RowShards):  # one batch's rows: alike by construction
+            return len(tree.flatten(y.value)) == 1 and (
+                sample_weight is None or not tree.is_nested(sample_weight.value)
+            )
         targets = self._targets(y, sample_weight)
         labels = [tree.flatten(yj) for yj, _ in targets]
         if any(len(leaves) != 1 for leaves in labels) or not _alike_arrays(
@@ -583,6 +632,11 @@ class FusedEngine(GradientEngine):
     def _stacked_targets(self, y: Any, sample_weight: Any) -> tuple[Any, Any]:
         """Labels given one per member (`_labels_stack`), and their sample weights,
         stacked `(k, B, ...)` for this group's members."""
+        if isinstance(y, data_lib.RowShards):
+            labels = self._own_rows(tree.flatten(y.value)[0])
+            if sample_weight is None:
+                return labels, None
+            return labels, self._own_rows(sample_weight.value)
         targets = self._targets(y, sample_weight)
         labels = ops.stack([tree.flatten(yj)[0] for yj, _ in targets])
         if targets[0][1] is None:
@@ -674,10 +728,13 @@ class FusedEngine(GradientEngine):
             `(losses, freeze)`: the (k,) losses whose sum the pack differentiates, and a
             boolean (k,) vector (all false outside training or with `on_nan="ignore"`).
         """
+        batch = ops.cast(_batch_size(x), "float32")
+        if self._dealt:
+            batch = batch / len(self.options.output_counts)
+        y, sample_weight = self._dealt_targets(y, sample_weight)
         losses = self._member_losses(y, y_pred, sample_weight)
         if self._penalties:
             losses = losses + self._penalties()
-        batch = ops.cast(_batch_size(x), "float32")
         if not training:
             self.loss_state.update_state(losses, ops.ones_like(losses) * batch)
             return losses, ops.zeros(losses.shape, dtype="bool")
@@ -780,6 +837,7 @@ class FusedEngine(GradientEngine):
         other metric is computed member by member, the others' still stacked; members
         whose metrics differ in names are computed member by member altogether.
         """
+        y, sample_weight = self._dealt_targets(y, sample_weight)
         targets = self._targets(y, sample_weight)
         compiled_metrics = [_upstream.compile_metrics(member) for member in self.members]
         member_preds = None
@@ -913,7 +971,11 @@ class FusedEngine(GradientEngine):
         if y is not None and columns and not self._metrics_stacked:
             self._metrics_stacked = True
             self._own_columns = [(f, column) for _, f, column, _, stacked in columns if not stacked]
-        if y is None or not self._labels_shared(y) or not self._stackable_loss_parts():
+        # (`data="shard"`: a training batch's labels are the members' own, which the
+        # output-by-output losses do not take.)
+        if y is None or self._shard or not self._labels_shared(y):
+            return
+        if not self._stackable_loss_parts():
             return
         parts = [_upstream.loss_parts(_upstream.compile_loss(m)) for m in self.members]
         for k, (*_, tracker) in enumerate(parts[0]):
