@@ -163,6 +163,67 @@ def epoch_iterator_data(iterator: Any) -> Any:
         yield entry[-1]
 
 
+def fit_epoch_iterator(
+    x: Any, batch_size: int | None, shuffle: Any, steps_per_execution: int
+) -> Any:
+    """The backend's `EpochIterator` over `x` as `fit` makes it for its training data
+    (`JAXEpochIterator`, `TFEpochIterator` with the current strategy, `TorchEpochIterator`),
+    from `keras.src.backend.<backend>.trainer`."""
+    backend = keras.backend.backend()
+    kwargs = dict(
+        x=x, batch_size=batch_size, shuffle=shuffle, steps_per_execution=steps_per_execution
+    )
+    if backend == "tensorflow":
+        import tensorflow as tf
+        from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+        return TFEpochIterator(distribute_strategy=tf.distribute.get_strategy(), **kwargs)
+    if backend == "jax":
+        from keras.src.backend.jax.trainer import JAXEpochIterator
+
+        return JAXEpochIterator(**kwargs)
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    return EpochIterator(**kwargs)
+
+
+def train_validation_split(arrays: tuple, validation_split: float) -> tuple[tuple, tuple]:
+    """`fit`'s split of its array data by `validation_split` (the last rows validate):
+    `keras.src.trainers.data_adapters.array_slicing.train_validation_split`."""
+    from keras.src.trainers.data_adapters import array_slicing
+
+    return array_slicing.train_validation_split(arrays, validation_split=validation_split)
+
+
+def tf_seed_state() -> tuple[Any, Any]:
+    """TensorFlow's global seed and the state of the generator its eager operations draw
+    their seeds from (`tf.random.set_seed` sets both): the eager context's `_seed` and
+    `_rng` (absent before any seed is set)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    rng = getattr(ctx, "_rng", None)
+    return ctx._seed, None if rng is None else rng.getstate()
+
+
+def set_tf_seed_state(state: tuple[Any, Any]) -> None:
+    """Puts back what `tf_seed_state` read."""
+    import random
+
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    seed, rng_state = state
+    ctx._seed = seed
+    if rng_state is None:
+        if hasattr(ctx, "_rng"):
+            del ctx._rng
+        return
+    rng = random.Random()
+    rng.setstate(rng_state)
+    ctx._rng = rng
+
+
 def epoch_iterator_element_spec(iterator: Any) -> Any:
     """The `tf.TypeSpec` structure of the batches a TensorFlow `TFEpochIterator` yields, or
     None for another iterator: its dataset's `element_spec`, via `_distributed_dataset`."""

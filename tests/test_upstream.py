@@ -323,6 +323,48 @@ def test_epoch_iterator_data_is_the_last_item_of_each_entry():
     np.testing.assert_array_equal(np.concatenate(seen), x)
 
 
+@covers("fit_epoch_iterator")
+def test_fit_epoch_iterator_draws_the_order_fit_draws_under_a_seed():
+    x = np.arange(10)
+
+    def order():
+        keras.utils.set_random_seed(5)
+        iterator = _upstream.fit_epoch_iterator(x, 4, True, 1)
+        seen = []
+        for data in _upstream.epoch_iterator_data(iterator):
+            batch = next(data) if hasattr(data, "__next__") else data[0]
+            seen.append(keras.ops.convert_to_numpy(tree.flatten(batch)[0]))
+        return np.concatenate(seen)
+
+    first = order()
+    assert sorted(first.tolist()) == list(range(10)) and first.tolist() != list(range(10))
+    np.testing.assert_array_equal(order(), first)
+
+
+@covers("train_validation_split")
+def test_train_validation_split_keeps_the_last_rows_for_validation():
+    x, y = np.arange(10), np.arange(10) * 2
+    (x_train, y_train, none), (x_val, y_val, _) = _upstream.train_validation_split(
+        (x, y, None), 0.2
+    )
+    np.testing.assert_array_equal(x_train, x[:8])
+    np.testing.assert_array_equal(y_val, y[8:])
+    assert none is None
+
+
+@covers("tf_seed_state", "set_tf_seed_state")
+def test_tf_seed_state_round_trips_the_seeds_of_eager_random_ops():
+    pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
+    tf.random.set_seed(7)
+    state = _upstream.tf_seed_state()
+    first = tf.random.uniform((3,)).numpy()
+    tf.random.set_seed(8)
+    _upstream.set_tf_seed_state(state)
+    np.testing.assert_array_equal(tf.random.uniform((3,)).numpy(), first)
+
+
 @covers("epoch_iterator_element_spec")
 def test_epoch_iterator_element_spec_describes_the_batches_of_a_tensorflow_iterator():
     from keras.src.trainers.epoch_iterator import EpochIterator

@@ -1,25 +1,41 @@
-"""Trials trained together share one shuffled data order: say so where theirs would differ.
+"""Each trial trains on the data order its own `fit` would draw.
 
 Keras's `fit` shuffles array data every epoch from the global random generators, which
 `keras.utils.set_random_seed` seeds. A hypermodel that seeds each build (from a trial's
 hyperparameters, say) gives each trial of plain KerasTuner its own order, drawn right after
-its build. Trials trained together (a pack, a slots program) train on one order, the one
-drawn when their program's `fit` began, so their scores are not the ones KerasTuner gives.
-Where the builds left NumPy's generator (which `set_random_seed` seeds with the others) in
-different states and the search shuffles array data, the search warns once, naming the
+its build. Trials trained together (a pack, a slots program) would all train on the order
+their program's `fit` draws. Where their builds left the generators in different states
+(`BuildState`), each trial gets its own order instead: `TrialOrder` replays, epoch by
+epoch, what the trial's own `fit` would draw (Keras's own epoch iterator over the sample
+indices, driven as `fit` drives it, under the generator state the build left), and
+`DealtBatches` serves a program's batches with each member's rows in its own order
+(`ModelPack(data="shard")` gives member i rows i, i+N, ... of each batch). Where that
+cannot be done (below, `deal_problem`), the search warns once (`OrderCheck`), naming the
 trials and the way out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import keras
 import numpy as np
 from keras import tree
+
+from keras_gpushare import _upstream
+from keras_gpushare.pack._fit_args import needs_a_batch
+
+# The backends whose `fit` draws its order from generators `TrialOrder` can hold apart
+# (NumPy's; TensorFlow's global seed). On torch a `DataLoader` also draws a seed from
+# torch's generator at every iterator, validation included.
+DEALT_BACKENDS = ("jax", "tensorflow")
+_FIT_BATCH_SIZE = 32  # `fit`'s batch size when none is given
 
 
 def random_state() -> str:
@@ -27,6 +43,22 @@ def random_state() -> str:
     _, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     digest = hashlib.sha1(np.asarray(keys).tobytes()).hexdigest()
     return f"{digest}:{position}:{has_gauss}:{cached}"
+
+
+def generator_states() -> tuple[Any, Any]:
+    """The global generators a `fit` draws its order from: NumPy's state, and on
+    TensorFlow its global seed state (`None` elsewhere)."""
+    if keras.backend.backend() == "tensorflow":
+        return np.random.get_state(), _upstream.tf_seed_state()
+    return np.random.get_state(), None
+
+
+def set_generator_states(states: tuple[Any, Any]) -> None:
+    """Puts back what `generator_states` read."""
+    numpy_state, tf_state = states
+    np.random.set_state(numpy_state)
+    if tf_state is not None:
+        _upstream.set_tf_seed_state(tf_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +69,15 @@ class BuildState:
         after: `random_state()` after the build.
         reseeded: whether the build changed it (it seeded the generators, or drew from
             them): its own `fit` would then draw an order of its own.
+        generators: `generator_states()` after the build, from which its own `fit` would
+            draw its order.
+        reads_a_batch: whether its own `fit` would read a batch to build the model.
     """
 
     after: str
     reseeded: bool
+    generators: Any = None
+    reads_a_batch: bool = True
 
 
 def built(build: Callable[[], Any]) -> tuple[Any, BuildState]:
@@ -48,7 +85,136 @@ def built(build: Callable[[], Any]) -> tuple[Any, BuildState]:
     before = random_state()
     result = build()
     after = random_state()
-    return result, BuildState(after, after != before)
+    reads = isinstance(result, keras.Model) and needs_a_batch([result])
+    return result, BuildState(after, after != before, generator_states(), reads)
+
+
+def deal_problem(fit_args: tuple, fit_kwargs: dict) -> str | None:
+    """Why a search's trials cannot each get their own order (`DealtBatches`), or `None`:
+    the data must be arrays that `fit` shuffles itself, on a backend of `DEALT_BACKENDS`,
+    without `class_weight` or `steps_per_epoch` (which `DealtBatches` does not serve)."""
+    if not _shuffles(fit_args, fit_kwargs):
+        return "the search does not shuffle array data"
+    if keras.backend.backend() not in DEALT_BACKENDS:
+        return f"the {keras.backend.backend()} backend's data loader draws from torch's generator"
+    if len(fit_args) > 2:
+        return "`search` was given `fit` arguments beyond `x` and `y` by position"
+    for name in ("class_weight", "steps_per_epoch"):
+        if fit_kwargs.get(name) is not None:
+            return f"`{name}` is given"
+    return None
+
+
+class TrialOrder:
+    """The batches of sample indices one trial's own `fit` would draw, epoch after epoch.
+
+    Keras's own epoch iterator for the backend, over `np.arange(samples)`, driven as `fit`
+    drives it: one batch read first where `fit` would build the model from one, then reset,
+    then an epoch at a time; every time under the generator states its build left.
+
+    Args:
+        generators: `BuildState.generators` of the trial's build.
+        samples: the training samples (after any `validation_split`).
+        batch_size: the trial's batch size.
+        shuffle: `fit`'s `shuffle`.
+        steps_per_execution: the trial's compiled `steps_per_execution`.
+        reads_a_batch: whether its `fit` reads a batch to build the model first.
+    """
+
+    def __init__(
+        self,
+        generators: Any,
+        samples: int,
+        batch_size: int | None,
+        shuffle: Any,
+        steps_per_execution: int,
+        reads_a_batch: bool,
+    ) -> None:
+        self._generators = generators
+        self._steps = steps_per_execution
+        with self._drawing():
+            self._iterator = _upstream.fit_epoch_iterator(
+                np.arange(samples), batch_size, shuffle, steps_per_execution
+            )
+            if reads_a_batch:
+                next(self._batches(), None)
+            self._iterator.reset()
+
+    def next_epoch(self) -> list[np.ndarray]:
+        """The index batches of the trial's next epoch, in order."""
+        with self._drawing():
+            return list(self._batches())
+
+    def _batches(self) -> Iterator[np.ndarray]:
+        for data in _upstream.epoch_iterator_data(self._iterator):
+            if isinstance(data, (list, tuple)):
+                batches = list(data)
+            else:  # a backend iterator, which the step would pull its batches from
+                batches = []
+                with self._iterator.catch_stop_iteration():
+                    for _ in range(self._steps):
+                        batches.append(next(data))
+            for batch in batches:
+                yield np.asarray(keras.ops.convert_to_numpy(tree.flatten(batch)[0]))
+
+    @contextlib.contextmanager
+    def _drawing(self) -> Iterator[None]:
+        """The trial's generator states in place of the global ones while it draws."""
+        saved = generator_states()
+        set_generator_states(self._generators)
+        try:
+            yield
+        finally:
+            self._generators = generator_states()
+            set_generator_states(saved)
+
+
+class DealtBatches(keras.utils.PyDataset):
+    """A program's training batches, each member's rows in its own trial's order.
+
+    Batch k holds, for each of the N slots, the rows of its trial's k-th batch (the order
+    `set_orders` was given for the epoch), interleaved: row r belongs to slot r mod N, as
+    `ModelPack(data="shard")` deals a batch. A slot with no order takes the rows in order.
+
+    Args:
+        data: the training arrays, `(x, y, sample_weight)` (`y`, `sample_weight` may be
+            `None`; each any structure of arrays).
+        batch_size: the trials' batch size.
+        slots: N.
+    """
+
+    def __init__(self, data: tuple, batch_size: int, slots: int) -> None:
+        super().__init__()
+        self._data = data
+        self._samples = int(tree.flatten(data[0])[0].shape[0])
+        self._batch_size = batch_size
+        self._slots = slots
+        self._in_order = [
+            np.arange(start, min(start + batch_size, self._samples))
+            for start in range(0, self._samples, batch_size)
+        ]
+        self._orders = [self._in_order] * slots
+
+    @property
+    def samples(self) -> int:
+        return self._samples
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    def set_orders(self, orders: list[list[np.ndarray] | None]) -> None:
+        """Each slot's index batches for the next epoch (`None`: a slot with no trial)."""
+        self._orders = [self._in_order if order is None else order for order in orders]
+
+    def __len__(self) -> int:
+        return math.ceil(self._samples / self._batch_size)
+
+    def __getitem__(self, k: int) -> tuple:
+        rows = np.stack([order[k] for order in self._orders], axis=1).reshape(-1)
+        return tuple(
+            tree.map_structure(lambda a: a[rows], part) for part in self._data if part is not None
+        )
 
 
 def _shuffles(fit_args: tuple, fit_kwargs: dict) -> bool:
@@ -62,8 +228,9 @@ def _shuffles(fit_args: tuple, fit_kwargs: dict) -> bool:
 
 
 class OrderCheck:
-    """Warns, once a search, when trials trained on one order would each draw their own
-    (a search whose `fit` does not shuffle array data never warns).
+    """Decides, per pack or program, whether its trials each get their own order
+    (`DealtBatches`), and warns, once a search, when trials that would each draw their own
+    train on one (a search whose `fit` does not shuffle array data never does either).
 
     Args:
         fit_args: the search's positional `fit` arguments.
@@ -72,18 +239,30 @@ class OrderCheck:
 
     def __init__(self, fit_args: tuple, fit_kwargs: dict) -> None:
         self.shuffles = _shuffles(fit_args, fit_kwargs)
+        self.problem = deal_problem(fit_args, fit_kwargs)
         self.warned = False
 
-    def together(self, runs: Iterable[Any]) -> None:
-        """`runs` (each with its `build_state`) begin one `fit`, on one data order."""
+    def deals(self, runs: Iterable[Any], program: bool = False) -> bool:
+        """Whether `runs` (each with its `build_state`), about to begin one `fit`, each
+        take their own order: their builds left the generators in different states (for a
+        slots `program`, which later trials join, also where one build set them). Warns
+        where they should but cannot."""
         runs = list(runs)
-        states = {run.build_state.after for run in runs if run.build_state is not None}
-        if len(states) > 1:
-            self._warn(runs)
+        states = [run.build_state for run in runs if run.build_state is not None]
+        differ = len({state.after for state in states}) > 1
+        if program:
+            differ = differ or any(state.reseeded for state in states)
+        if not differ or not self.shuffles:
+            return False
+        if self.problem is None:
+            return True
+        self._warn(runs)
+        return False
 
     def joins(self, run: Any, program_runs: Iterable[Any]) -> None:
-        """`run` joins the `fit` of `program_runs` under way: it trains on that fit's next
-        epochs' orders, where its own `fit` would begin from the state its build left."""
+        """`run` joins the `fit` of `program_runs` under way on one order (a program that
+        does not deal): it trains on that fit's next epochs' orders, where its own `fit`
+        would begin from the state its build left."""
         if run.build_state is not None and run.build_state.reseeded:
             self._warn([*program_runs, run])
 
@@ -96,8 +275,67 @@ class OrderCheck:
             f"Trials {ids} train together on one shuffled data order, but their builds set "
             "the random generators (with `keras.utils.set_random_seed`, for instance): in "
             "plain KerasTuner each would shuffle its data in the order its own `fit` draws, "
-            "so their scores differ from KerasTuner's by that order. Pass `shuffle=False` "
+            "so their scores differ from KerasTuner's by that order. Each trial gets its "
+            f"own order only where it can, not here: {self.problem}. Pass `shuffle=False` "
             "to `search` to train every trial as KerasTuner does on the same code; this "
             "warning is shown once a search."
         )
         warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def dealt_arguments(
+    fit_args: tuple, fit_kwargs: dict, batch_size: int | None, slots: int
+) -> tuple[DealtBatches, dict]:
+    """A program's `DealtBatches` and its other `fit` keyword arguments, from a search's
+    `fit` arguments and its trials' `batch_size` (`None`: `fit`'s default): the training
+    arrays less the rows `validation_split` keeps for validation (split as `fit` splits
+    them), and validation in batches of the trials' size, as in their own `fit`."""
+    batch_size = batch_size or _FIT_BATCH_SIZE
+    kwargs = dict(fit_kwargs)
+    given = list(fit_args) + [None] * (2 - len(fit_args))
+    x = given[0] if given[0] is not None else kwargs.get("x")
+    y = given[1] if given[1] is not None else kwargs.get("y")
+    data = (x, y, kwargs.get("sample_weight"))
+    split = kwargs.get("validation_split")
+    if split and kwargs.get("validation_data") is None:  # as `fit`: validation_data wins
+        data, validation = _upstream.train_validation_split(data, split)
+        kwargs["validation_data"] = validation
+    for name in ("x", "y", "sample_weight", "batch_size", "validation_split"):
+        kwargs.pop(name, None)
+    kwargs["shuffle"] = False
+    if kwargs.get("validation_data") is not None:
+        kwargs["validation_batch_size"] = kwargs.get("validation_batch_size") or batch_size
+    return DealtBatches(tuple(data), batch_size, slots), kwargs
+
+
+def trial_order(run: Any, dataset: DealtBatches, fit_kwargs: dict) -> TrialOrder:
+    """The order `run`'s own `fit` would draw on `dataset`'s samples (`run.model` as its
+    build returned it)."""
+    state = run.build_state
+    return TrialOrder(
+        state.generators,
+        dataset.samples,
+        dataset.batch_size,
+        fit_kwargs.get("shuffle", True),
+        int(run.model.steps_per_execution),
+        state.reads_a_batch,
+    )
+
+
+class DealOrders(keras.callbacks.Callback):
+    """Gives `dataset` each slot's order for the epoch about to begin.
+
+    Args:
+        dataset: the program's `DealtBatches`.
+        orders: returns each slot's `TrialOrder`, `None` for a slot with no trial training.
+    """
+
+    def __init__(self, dataset: DealtBatches, orders: Callable[[], list]) -> None:
+        super().__init__()
+        self._dataset = dataset
+        self._orders = orders
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._dataset.set_orders(
+            [None if order is None else order.next_epoch() for order in self._orders()]
+        )

@@ -12,7 +12,12 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.tuner._data_orders import OrderCheck
+from keras_gpushare.tuner._data_orders import (
+    DealOrders,
+    OrderCheck,
+    dealt_arguments,
+    trial_order,
+)
 from keras_gpushare.tuner._executor import RoundExecutor, TrialCalls, TrialFeed, TrialOutcome
 from keras_gpushare.tuner._search_ledger import EpochCounter
 from keras_gpushare.tuner._trial_callbacks import (
@@ -81,8 +86,8 @@ class PackExecutor(RoundExecutor):
             else:
                 runs.extend(trial_runs)
         for group in _groups(runs, fit_kwargs):
-            self._orders.together(group)
-            _fit_group(calls, group, fit_args, fit_kwargs, outcomes, alone, paths)
+            dealt = self._orders.deals(group)
+            _fit_group(calls, group, fit_args, fit_kwargs, outcomes, alone, paths, dealt=dealt)
         by_trial: dict[str, list[TrialRun]] = defaultdict(list)
         for run in runs:
             by_trial[run.trial.trial_id].append(run)
@@ -315,45 +320,58 @@ def _fit_group(
     alone: dict,
     paths: dict,
     split: str | None = None,
+    dealt: bool = False,
 ) -> None:
     """Trains `runs` as one pack, or, when it raises, each of its trials in a pack alone.
 
     Fills `paths` with each trained trial's path (noting `split`, the failed pack that
     made it train alone), `outcomes` with the trials that could not be rebuilt, and
-    `alone` with those to run with KerasTuner's `run_trial`.
+    `alone` with those to run with KerasTuner's `run_trial`. With `dealt`, each member
+    trains on its own trial's data order (`_data_orders.DealtBatches`).
     """
     trial_ids = list(dict.fromkeys(run.trial.trial_id for run in runs))
     try:
+        batch_size = _batch_size(runs[0], fit_kwargs)
+        feed: tuple = fit_args
+        kwargs = dict(fit_kwargs)
+        callbacks = [cb for run in runs for cb in run.callbacks]
+        own_orders: list = []
+        data_mode: dict[str, Any] = {}
+        if dealt:
+            dataset, kwargs = dealt_arguments(fit_args, fit_kwargs, batch_size, len(runs))
+            pairs = [(trial_order(run, dataset, fit_kwargs), run) for run in runs]
+            feed, batch_size = (dataset,), None
+            own_orders = [DealOrders(dataset, lambda: [o if r.active else None for o, r in pairs])]
+            data_mode = {"data": "shard", "_fused_shard": True}
         # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
         # scoring (best finite epoch, or INVALID) sees the same history.
-        pack = ModelPack([run.model for run in runs], fuse=calls.fuse, on_nan="ignore")
-        callbacks = [cb for run in runs for cb in run.callbacks]
+        pack = ModelPack([run.model for run in runs], fuse=calls.fuse, on_nan="ignore", **data_mode)
         batch_hooks = calls.batch_hooks or implements_batch_hooks(callbacks)
         pack.compile(**_compile_args(runs, batch_hooks))
         calls.ledger.compiled(pack, [run.model for run in runs], slot_values=False)
-        kwargs = dict(fit_kwargs)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
         hooks = PackTrialsWithBatches if batch_hooks else PackTrials
         # Checkpoints hold weights alone: the trials' optimizer state is refreshed at each
         # epoch end only for the user's callbacks and tuner hooks.
         optimizer_state = bool(callbacks) or calls.epoch_end_hook
         kwargs["callbacks"] = [
+            *own_orders,
             hooks(pack, runs, kwargs["epochs"], optimizer_state),
             EpochCounter(
                 calls.ledger, pack, lambda: [run.trial.trial_id for run in runs if run.active]
             ),
         ]
         kwargs["initial_epoch"] = _start_epoch(runs[0], fit_kwargs)
-        batch_size = _batch_size(runs[0], fit_kwargs)
         if batch_size is not None:
             kwargs["batch_size"] = batch_size
         logger.info(
-            "Training trials %s as one pack of %d models (%s engine).",
+            "Training trials %s as one pack of %d models (%s engine)%s.",
             ", ".join(trial_ids),
             len(runs),
             pack.engine,
+            ", each on its own trial's data order" if dealt else "",
         )
-        pack.fit(*fit_args, **kwargs)
+        pack.fit(*feed, **kwargs)
         for run in runs:
             if run.execution == 0:
                 calls.save_build_config(run.trial.trial_id, run.model)

@@ -23,7 +23,14 @@ import keras
 import numpy as np
 
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.tuner._data_orders import OrderCheck
+from keras_gpushare.tuner._data_orders import (
+    DealOrders,
+    DealtBatches,
+    OrderCheck,
+    TrialOrder,
+    dealt_arguments,
+    trial_order,
+)
 from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome
 from keras_gpushare.tuner._pack_executor import (
     PackExecutor,
@@ -52,7 +59,13 @@ class _Program:
     trials it was opened for."""
 
     def __init__(
-        self, number: int, pack: ModelPack, runs: list[TrialRun], batch_key: str, batch_hooks: bool
+        self,
+        number: int,
+        pack: ModelPack,
+        runs: list[TrialRun],
+        batch_key: str,
+        batch_hooks: bool,
+        dealt: tuple[DealtBatches, dict] | None = None,
     ) -> None:
         self.number = number
         self.pack = pack
@@ -60,6 +73,10 @@ class _Program:
         self.slots: list[TrialRun | None] = list(runs)
         self.batch_hooks = batch_hooks
         self.opened_for = ", ".join(dict.fromkeys(run.trial.trial_id for run in runs))
+        # Where each slot trains on its own trial's data order: the program's batches, its
+        # `fit` arguments, and each slot's `TrialOrder`.
+        self.dealt = dealt
+        self.orders: list[TrialOrder | None] = [None] * len(runs)
 
     @property
     def active(self) -> list[int]:
@@ -281,9 +298,12 @@ class SlotExecutor(PackExecutor):
             index = program.free_slot_for(run.model)
             if index is None:
                 continue
+            if program.dealt is not None:
+                program.orders[index] = trial_order(run, program.dealt[0], self._fit_kwargs)
+            else:
+                self._orders.joins(run, program.runs)
             program.pack.load_member(index, run.model)
             self.calls.ledger.loaded += 1
-            self._orders.joins(run, program.runs)
             program.slots[index] = run
             self._begin(program, index, run)
             why = (
@@ -299,12 +319,21 @@ class SlotExecutor(PackExecutor):
         `not_taken`: why the open programs took none of them, by trial id."""
         callbacks = [cb for run in runs for cb in run.callbacks]
         batch_hooks = self.calls.batch_hooks or implements_batch_hooks(callbacks)
+        dealt = None
+        data_mode: dict[str, Any] = {}
+        orders: list[TrialOrder | None] = [None] * len(runs)
+        if self._orders.deals(runs, program=True):
+            batch_size = _batch_size(runs[0], self._fit_kwargs)
+            dealt = dealt_arguments(self._fit_args, self._fit_kwargs, batch_size, len(runs))
+            orders = [trial_order(run, dealt[0], self._fit_kwargs) for run in runs]
+            data_mode = {"data": "shard", "_fused_shard": True}
         try:
             pack = ModelPack(
                 [run.model for run in runs],
                 fuse=self.calls.fuse,
                 on_nan="ignore",
                 _slot_values=True,
+                **data_mode,
             )
             pack.compile(**_compile_args(runs, batch_hooks))
             self.calls.ledger.compiled(pack, [run.model for run in runs], slot_values=True)
@@ -317,21 +346,22 @@ class SlotExecutor(PackExecutor):
                 )
                 self._alone[trial_id] = {"path": "alone", "why": why}
             return
-        self._orders.together(runs)
         fused = self._fuse_update(pack, runs)
         batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
-        program = _Program(next(self._numbers), pack, runs, batch_key, batch_hooks)
+        program = _Program(next(self._numbers), pack, runs, batch_key, batch_hooks, dealt)
+        program.orders = orders
         idle = [p for p in self._programs if not p.active]
         for old in idle[: max(0, len(idle) + 1 - MAX_IDLE_PROGRAMS)]:
             self._programs.remove(old)
         self._programs.append(program)
         logger.info(
-            "Program %d: trials %s in %d slots (%s engine)%s.",
+            "Program %d: trials %s in %d slots (%s engine)%s%s.",
             program.number,
             program.opened_for,
             len(runs),
             pack.engine,
             "; its optimizer update compiled with XLA" if fused else "",
+            "; each slot on its own trial's data order" if dealt else "",
         )
         for index, run in enumerate(runs):
             self._begin(program, index, run)
@@ -385,13 +415,18 @@ class SlotExecutor(PackExecutor):
         """One `fit` of `program`, for as many epochs as its trials still need; at each
         epoch's end, ended trials free their slots and new ones are loaded into them. The fit
         ends early when its slots are all free or trials wait for another program."""
-        kwargs = dict(self._fit_kwargs)
+        feed, kwargs = self._fit_args, dict(self._fit_kwargs)
+        own_orders: list[keras.callbacks.Callback] = []
+        if program.dealt is not None:
+            dataset, kwargs = program.dealt
+            feed, kwargs = (dataset,), dict(kwargs)
+            own_orders = [DealOrders(dataset, lambda: list(program.orders))]
         kwargs.pop("callbacks", None)
         runs = program.runs
         epochs = max(run.last_epoch - run.next_epoch for run in runs)
         kwargs.update(epochs=epochs, initial_epoch=0)
         batch_size = _batch_size(runs[0], self._fit_kwargs)
-        if batch_size is not None:
+        if batch_size is not None and program.dealt is None:
             kwargs["batch_size"] = batch_size
 
         raised: list[BaseException] = []
@@ -420,7 +455,7 @@ class SlotExecutor(PackExecutor):
             self.calls.ledger, program.pack, lambda: [r.trial.trial_id for r in program.runs]
         )
         try:
-            program.pack.fit(*self._fit_args, callbacks=[epoch, counter], **kwargs)
+            program.pack.fit(*feed, callbacks=[*own_orders, epoch, counter], **kwargs)
         except Exception as e:
             self._programs.remove(program)
             logger.warning(
@@ -443,6 +478,7 @@ class SlotExecutor(PackExecutor):
     def _slot_ended(self, program: _Program, index: int, run: TrialRun) -> None:
         """Frees slot `index`; ends the trial once all its executions have ended."""
         program.slots[index] = None
+        program.orders[index] = None
         program.pack.stop_member(index)
         run.active = False
         trial_id = run.trial.trial_id

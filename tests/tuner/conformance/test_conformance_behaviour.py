@@ -443,27 +443,29 @@ def _score_and_order_warnings(kind, tmp_path, **fit):
 
 
 @pytest.mark.parametrize("k", PARALLEL)
-def test_seeded_trials_trained_on_one_shuffled_order_are_warned_about(tmp_path, k):
-    """`build` seeds each model from its width, and `fit` shuffles by default: plain
-    KerasTuner shuffles each trial's data in the order its own `fit` draws; trials trained
-    together share one order, so some scores differ. The search says so, once; with
-    `shuffle=False` it says nothing and every trial scores as in KerasTuner."""
-    reference, said = _score_and_order_warnings("kt", tmp_path)
-    assert not said
-    scores, said = _score_and_order_warnings(k, tmp_path)
-    assert scores.keys() == reference.keys()
-    # rtol as this file's other score comparisons; orders move these scores by 1e-3 or more.
-    differ = [h for h in scores if not np.isclose(scores[h], reference[h], rtol=1e-4)]
-    if k == 1:  # a round of one trial: its fit draws its own order
-        assert not said and not differ
-    else:
-        assert len(said) == 1 and differ, (said, differ)
-        assert "shuffle=False" in str(said[0].message)
-    scores, said = _score_and_order_warnings(k, tmp_path, shuffle=False)
-    reference, _ = _score_and_order_warnings("kt", tmp_path, shuffle=False)
-    assert not said
-    for hp, score in reference.items():
-        np.testing.assert_allclose(scores[hp], score, rtol=1e-4)
+def test_seeded_trials_each_train_on_their_own_shuffled_order(tmp_path, k):
+    """`build` seeds each model from its width, and `fit` shuffles by default (and splits
+    off validation rows): plain KerasTuner shuffles each trial's data in the order its own
+    `fit` draws. Trials trained together each get that order (their pack or program deals
+    each member its own rows), so every trial scores as in KerasTuner, with nothing to
+    warn about; with `shuffle=False` too."""
+    for fit in ({}, {"shuffle": False}):
+        reference, said = _score_and_order_warnings("kt", tmp_path, **fit)
+        assert not said
+        scores, said = _score_and_order_warnings(k, tmp_path, **fit)
+        assert not said
+        assert scores.keys() == reference.keys()
+        for hp, score in reference.items():
+            np.testing.assert_allclose(scores[hp], score, rtol=1e-4, err_msg=str((fit, hp)))
+
+
+def test_seeded_trials_that_cannot_each_get_their_own_order_are_warned_about(tmp_path):
+    """With `class_weight`, which a pack's dealt batches do not serve, seeded trials train
+    together on one order: the search says so once, with the reason and the way out."""
+    _, said = _score_and_order_warnings(4, tmp_path, class_weight={0: 1.0, 1: 2.0})
+    assert len(said) == 1
+    message = str(said[0].message)
+    assert "`class_weight` is given" in message and "shuffle=False" in message
 
 
 @pytest.mark.parametrize("append", [False, True], ids=["write", "append"])
