@@ -166,7 +166,7 @@ def epoch_iterator_data(iterator: Any) -> Any:
 def fit_epoch_iterator(
     x: Any, batch_size: int | None, shuffle: Any, steps_per_execution: int
 ) -> Any:
-    """The backend's `EpochIterator` over `x` as `fit` makes it for its training data
+    """The backend's `EpochIterator` over `x` as `fit` makes it for its data
     (`JAXEpochIterator`, `TFEpochIterator` with the current strategy, `TorchEpochIterator`),
     from `keras.src.backend.<backend>.trainer`."""
     backend = keras.backend.backend()
@@ -182,6 +182,10 @@ def fit_epoch_iterator(
         from keras.src.backend.jax.trainer import JAXEpochIterator
 
         return JAXEpochIterator(**kwargs)
+    if backend == "torch":
+        from keras.src.backend.torch.trainer import TorchEpochIterator
+
+        return TorchEpochIterator(**kwargs)
     from keras.src.trainers.epoch_iterator import EpochIterator
 
     return EpochIterator(**kwargs)

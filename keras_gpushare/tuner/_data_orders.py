@@ -7,7 +7,8 @@ its build. Trials trained together (a pack, a slots program) would all train on 
 their program's `fit` draws. Where their builds left the generators in different states
 (`BuildState`), each trial gets its own order instead: `TrialOrder` replays, epoch by
 epoch, what the trial's own `fit` would draw (Keras's own epoch iterator over the sample
-indices, driven as `fit` drives it, under the generator state the build left), and
+indices, driven as `fit` drives it, under the generator states the build left; on torch,
+whose every `DataLoader` iterator draws a seed, its validation reads too), and
 `DealtBatches` serves a program's batches with each member's rows in its own order
 (`ModelPack(data="shard")` gives member i rows i, i+N, ... of each batch). Where that
 cannot be done (below, `deal_problem`), the search warns once (`OrderCheck`), naming the
@@ -31,10 +32,6 @@ from keras import tree
 from keras_gpushare import _upstream
 from keras_gpushare.pack._fit_args import needs_a_batch
 
-# The backends whose `fit` draws its order from generators `TrialOrder` can hold apart
-# (NumPy's; TensorFlow's global seed). On torch a `DataLoader` also draws a seed from
-# torch's generator at every iterator, validation included.
-DEALT_BACKENDS = ("jax", "tensorflow")
 _FIT_BATCH_SIZE = 32  # `fit`'s batch size when none is given
 
 
@@ -46,19 +43,30 @@ def random_state() -> str:
 
 
 def generator_states() -> tuple[Any, Any]:
-    """The global generators a `fit` draws its order from: NumPy's state, and on
-    TensorFlow its global seed state (`None` elsewhere)."""
-    if keras.backend.backend() == "tensorflow":
+    """The global generators a `fit` draws its order from: NumPy's state, and the
+    backend's (TensorFlow's global seed state, torch's generator state; `None` on JAX)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         return np.random.get_state(), _upstream.tf_seed_state()
+    if backend == "torch":
+        import torch
+
+        return np.random.get_state(), torch.get_rng_state()
     return np.random.get_state(), None
 
 
 def set_generator_states(states: tuple[Any, Any]) -> None:
     """Puts back what `generator_states` read."""
-    numpy_state, tf_state = states
+    numpy_state, backend_state = states
     np.random.set_state(numpy_state)
-    if tf_state is not None:
-        _upstream.set_tf_seed_state(tf_state)
+    if backend_state is None:
+        return
+    if keras.backend.backend() == "tensorflow":
+        _upstream.set_tf_seed_state(backend_state)
+    else:
+        import torch
+
+        torch.set_rng_state(backend_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,18 +99,41 @@ def built(build: Callable[[], Any]) -> tuple[Any, BuildState]:
 
 def deal_problem(fit_args: tuple, fit_kwargs: dict) -> str | None:
     """Why a search's trials cannot each get their own order (`DealtBatches`), or `None`:
-    the data must be arrays that `fit` shuffles itself, on a backend of `DEALT_BACKENDS`,
-    without `class_weight` or `steps_per_epoch` (which `DealtBatches` does not serve)."""
+    the data must be arrays that `fit` shuffles itself, without `class_weight` or
+    `steps_per_epoch` (which `DealtBatches` does not serve)."""
     if not _shuffles(fit_args, fit_kwargs):
         return "the search does not shuffle array data"
-    if keras.backend.backend() not in DEALT_BACKENDS:
-        return f"the {keras.backend.backend()} backend's data loader draws from torch's generator"
     if len(fit_args) > 2:
         return "`search` was given `fit` arguments beyond `x` and `y` by position"
     for name in ("class_weight", "steps_per_epoch"):
         if fit_kwargs.get(name) is not None:
             return f"`{name}` is given"
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """How a trial's `fit` validates, where reading validation data draws from the
+    generators (torch).
+
+    Args:
+        samples: the validation samples.
+        batch_size: `fit`'s validation batch size.
+        frequency: `validation_freq` (an epoch count, or the epochs, counted from 1).
+        initial_epoch: the trial's first epoch.
+    """
+
+    samples: int
+    batch_size: int
+    frequency: Any
+    initial_epoch: int
+
+    def after(self, epochs: int) -> bool:
+        """Whether `fit` validates at the end of its epoch `epochs` (counted from 1), as
+        Keras's `Trainer._should_eval` decides."""
+        if isinstance(self.frequency, int):
+            return epochs % self.frequency == 0
+        return epochs in self.frequency
 
 
 class TrialOrder:
@@ -119,6 +150,8 @@ class TrialOrder:
         shuffle: `fit`'s `shuffle`.
         steps_per_execution: the trial's compiled `steps_per_execution`.
         reads_a_batch: whether its `fit` reads a batch to build the model first.
+        validation: where reading the validation data draws from the generators too
+            (torch: each `DataLoader` iterator draws a seed), how its `fit` validates.
     """
 
     def __init__(
@@ -129,29 +162,44 @@ class TrialOrder:
         shuffle: Any,
         steps_per_execution: int,
         reads_a_batch: bool,
+        validation: Validation | None = None,
     ) -> None:
         self._generators = generators
         self._steps = steps_per_execution
+        self._validation = validation
+        self._validating: Any = None
+        self._epoch = 0 if validation is None else validation.initial_epoch
         with self._drawing():
             self._iterator = _upstream.fit_epoch_iterator(
                 np.arange(samples), batch_size, shuffle, steps_per_execution
             )
             if reads_a_batch:
-                next(self._batches(), None)
+                next(self._batches(self._iterator), None)
             self._iterator.reset()
 
     def next_epoch(self) -> list[np.ndarray]:
         """The index batches of the trial's next epoch, in order."""
         with self._drawing():
-            return list(self._batches())
+            batches = list(self._batches(self._iterator))
+            validation, self._epoch = self._validation, self._epoch + 1
+            if validation is not None and validation.after(self._epoch):
+                # As `fit`'s `evaluate` reads its cached validation iterator.
+                if self._validating is None:
+                    self._validating = _upstream.fit_epoch_iterator(
+                        np.arange(validation.samples), validation.batch_size, False, self._steps
+                    )
+                self._validating.reset()
+                for _ in self._batches(self._validating):
+                    pass
+        return batches
 
-    def _batches(self) -> Iterator[np.ndarray]:
-        for data in _upstream.epoch_iterator_data(self._iterator):
+    def _batches(self, iterator: Any) -> Iterator[np.ndarray]:
+        for data in _upstream.epoch_iterator_data(iterator):
             if isinstance(data, (list, tuple)):
                 batches = list(data)
             else:  # a backend iterator, which the step would pull its batches from
                 batches = []
-                with self._iterator.catch_stop_iteration():
+                with iterator.catch_stop_iteration():
                     for _ in range(self._steps):
                         batches.append(next(data))
             for batch in batches:
@@ -308,9 +356,22 @@ def dealt_arguments(
     return DealtBatches(tuple(data), batch_size, slots), kwargs
 
 
-def trial_order(run: Any, dataset: DealtBatches, fit_kwargs: dict) -> TrialOrder:
-    """The order `run`'s own `fit` would draw on `dataset`'s samples (`run.model` as its
-    build returned it)."""
+def trial_order(
+    run: Any, dealt: tuple[DealtBatches, dict], fit_kwargs: dict, initial_epoch: int
+) -> TrialOrder:
+    """The order `run`'s own `fit` would draw on the samples of `dealt` (`dealt_arguments`
+    of the search's `fit_kwargs`), from its epoch `initial_epoch` (`run.model` as its build
+    returned it)."""
+    dataset, kwargs = dealt
+    validation = None
+    data = kwargs.get("validation_data")
+    if keras.backend.backend() == "torch" and data is not None:
+        validation = Validation(
+            int(tree.flatten(data)[0].shape[0]),
+            kwargs["validation_batch_size"],
+            kwargs.get("validation_freq", 1),
+            initial_epoch,
+        )
     state = run.build_state
     return TrialOrder(
         state.generators,
@@ -319,6 +380,7 @@ def trial_order(run: Any, dataset: DealtBatches, fit_kwargs: dict) -> TrialOrder
         fit_kwargs.get("shuffle", True),
         int(run.model.steps_per_execution),
         state.reads_a_batch,
+        validation,
     )
 
 

@@ -338,8 +338,10 @@ def _fit_group(
         own_orders: list = []
         data_mode: dict[str, Any] = {}
         if dealt:
-            dataset, kwargs = dealt_arguments(fit_args, fit_kwargs, batch_size, len(runs))
-            pairs = [(trial_order(run, dataset, fit_kwargs), run) for run in runs]
+            dealt_fit = dealt_arguments(fit_args, fit_kwargs, batch_size, len(runs))
+            dataset, kwargs = dealt_fit
+            start = _start_epoch(runs[0], fit_kwargs)
+            pairs = [(trial_order(run, dealt_fit, fit_kwargs, start), run) for run in runs]
             feed, batch_size = (dataset,), None
             own_orders = [DealOrders(dataset, lambda: [o if r.active else None for o, r in pairs])]
             data_mode = {"data": "shard", "_fused_shard": True}

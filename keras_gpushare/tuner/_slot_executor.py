@@ -299,7 +299,9 @@ class SlotExecutor(PackExecutor):
             if index is None:
                 continue
             if program.dealt is not None:
-                program.orders[index] = trial_order(run, program.dealt[0], self._fit_kwargs)
+                program.orders[index] = trial_order(
+                    run, program.dealt, self._fit_kwargs, run.next_epoch
+                )
             else:
                 self._orders.joins(run, program.runs)
             program.pack.load_member(index, run.model)
@@ -325,7 +327,7 @@ class SlotExecutor(PackExecutor):
         if self._orders.deals(runs, program=True):
             batch_size = _batch_size(runs[0], self._fit_kwargs)
             dealt = dealt_arguments(self._fit_args, self._fit_kwargs, batch_size, len(runs))
-            orders = [trial_order(run, dealt[0], self._fit_kwargs) for run in runs]
+            orders = [trial_order(run, dealt, self._fit_kwargs, run.next_epoch) for run in runs]
             data_mode = {"data": "shard", "_fused_shard": True}
         try:
             pack = ModelPack(

@@ -448,7 +448,8 @@ def test_seeded_trials_each_train_on_their_own_shuffled_order(tmp_path, k):
     off validation rows): plain KerasTuner shuffles each trial's data in the order its own
     `fit` draws. Trials trained together each get that order (their pack or program deals
     each member its own rows), so every trial scores as in KerasTuner, with nothing to
-    warn about; with `shuffle=False` too."""
+    warn about; with `shuffle=False` too. TensorFlow, JAX and torch (where every
+    `DataLoader` iterator, validation's included, draws from torch's generator)."""
     for fit in ({}, {"shuffle": False}):
         reference, said = _score_and_order_warnings("kt", tmp_path, **fit)
         assert not said
