@@ -70,8 +70,9 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
             built or not). Each must be its own object.
         data: `"replicate"` (every member sees each batch: ensembles, tuning) or `"shard"`
             (member `i` trains on rows `i, i+N, ...` of each training batch, the seeds'
-            `x[i::n]`; evaluation and prediction always use the whole batch). Defaults to
-            `"replicate"`.
+            `x[i::n]`; evaluation and prediction always use the whole batch; on JAX and
+            torch, where the members fuse, every training batch must split evenly).
+            Defaults to `"replicate"`.
         fuse: `"auto"`, `True` or `False`: whether to fuse same-architecture members into
             stacked-weight kernels. Defaults to `"auto"`.
         on_nan: `"freeze"` (stop updating a member whose loss or gradients are not finite)
