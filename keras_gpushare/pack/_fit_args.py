@@ -134,12 +134,7 @@ def check_shardable(x: Any, n: int, given: dict | None = None) -> None:
     last = samples % batch_size
     if batch_size % n or last % n:
         uneven = f"batch_size={batch_size}" if batch_size % n else f"a last batch of {last} rows"
-        raise ValueError(
-            f'Invalid batch for data="shard" on the fused engine: {uneven} does not split '
-            f"evenly among the {n} members. Pass a `batch_size` that is a multiple of {n} "
-            "and a number of samples whose last batch is one too, or (TensorFlow) "
-            "`fuse=False`, whose graph engine gives the first members one row more."
-        )
+        raise data_lib.uneven_shard_error(uneven, n)
 
 
 def with_progress_bar(n: int, callbacks: Any, verbose: Any) -> Any:

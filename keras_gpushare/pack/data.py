@@ -95,6 +95,17 @@ def shard_rows(value: Any, i: int, n: int) -> Any:
     return tree.map_structure(lambda t: t[i::n], value)
 
 
+def uneven_shard_error(what: str, n: int) -> ValueError:
+    """The error for `data="shard"` batches that do not split evenly among the `n` fused
+    members; `what` names the batch (`"batch_size=25"`, `"a last batch of 4 rows"`)."""
+    return ValueError(
+        f'Invalid batch for data="shard" on the fused engine: {what} does not split evenly '
+        f"among the {n} members. Pass a `batch_size` that is a multiple of {n} and a number "
+        "of samples whose last batch is one too, or (TensorFlow) `fuse=False`, whose graph "
+        "engine gives the first members one row more."
+    )
+
+
 def dealt(value: Any, n: int) -> Any:
     """Every member's `shard_rows` of `value` at once, each array `(n, rows / n, ...)`:
     one reshape, for a batch whose rows split evenly among the `n` members."""

@@ -563,13 +563,7 @@ class FusedEngine(GradientEngine):
         for leaf in tree.flatten(value):
             rows = leaf.shape[0]
             if rows is not None and rows % n:
-                raise ValueError(
-                    f'Invalid batch for data="shard" on the fused engine: {rows} rows do not '
-                    f"split evenly among the {n} members. Pass a `batch_size` that is a "
-                    f"multiple of {n} and a number of samples whose last batch is one too, "
-                    "or (TensorFlow) `fuse=False`, whose graph engine gives the first "
-                    "members one row more."
-                )
+                raise data_lib.uneven_shard_error(f"a batch of {rows} rows", n)
         stacked = data_lib.dealt(value, n)
         if list(self.member_ids) == list(range(n)):
             return stacked
