@@ -236,7 +236,6 @@ class DealtBatches(keras.utils.PyDataset):
         self._data = data
         self._samples = int(tree.flatten(data[0])[0].shape[0])
         self._batch_size = batch_size
-        self._slots = slots
         self._in_order = [
             np.arange(start, min(start + batch_size, self._samples))
             for start in range(0, self._samples, batch_size)
