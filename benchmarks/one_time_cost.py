@@ -14,11 +14,14 @@ is trained the same way as the reference. Reported per N:
   `compile`) to the end of the fit, the training step and every eager operation included.
 
 `--architecture mixed` gives the members first widths 16, 32, 48 and 64 in turn (a padded
-fused group) instead of the seeds' 64 for all.
+fused group) instead of the seeds' 64 for all. `--metrics confusion` compiles them with
+`["accuracy", AUC, Precision, F1Score]` (F1 makes its state from the first batch it sees)
+instead of no metrics.
 
     python benchmarks/one_time_cost.py                      # N = 1, 16, 64, 256
     python benchmarks/one_time_cost.py --members 1,16 --epochs 3 --jit-compile false
     KERAS_BACKEND=jax python benchmarks/one_time_cost.py --members 1,8,64 --architecture mixed
+    python benchmarks/one_time_cost.py --members 64,256 --metrics confusion
 """
 
 import argparse
@@ -80,7 +83,22 @@ class _XlaPrograms:
             self._logger.removeHandler(self._handler)
 
 
-def _measure(members: int, samples: int, epochs: int, jit_compile, mixed: bool) -> dict:
+def _metrics(name: str) -> list:
+    import keras
+
+    if name == "none":
+        return []
+    return [
+        "accuracy",
+        keras.metrics.AUC(),
+        keras.metrics.Precision(),
+        keras.metrics.F1Score(average="micro", threshold=0.5),
+    ]
+
+
+def _measure(
+    members: int, samples: int, epochs: int, jit_compile, mixed: bool, metrics: str
+) -> dict:
     """One run in this process: the pack of `members` MLPs, or one plain model for 0."""
     from keras_gpushare import ModelPack
     from keras_gpushare._seeds_benchmark.workload import build_mlp, epoch_timer, make_data
@@ -93,7 +111,12 @@ def _measure(members: int, samples: int, epochs: int, jit_compile, mixed: bool) 
     built = time.perf_counter()
     with _XlaPrograms() as programs:
         model = ModelPack(models) if members else models[0]
-        model.compile(optimizer="adam", loss="binary_crossentropy", jit_compile=jit_compile)
+        model.compile(
+            optimizer="adam",
+            loss="binary_crossentropy",
+            metrics=_metrics(metrics),
+            jit_compile=jit_compile,
+        )
         model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=[timer])
     total = time.perf_counter() - built
     steady = statistics.median(timer.times[1:])
@@ -120,6 +143,8 @@ def _fresh(members: int, args: argparse.Namespace) -> dict:
         args.jit_compile,
         "--architecture",
         args.architecture,
+        "--metrics",
+        args.metrics,
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -137,11 +162,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--jit-compile", default="auto", choices=("auto", "true", "false"))
     parser.add_argument("--architecture", default="same", choices=("same", "mixed"))
+    parser.add_argument("--metrics", default="none", choices=("none", "confusion"))
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
         mixed = args.architecture == "mixed"
-        result = _measure(args.one, args.samples, args.epochs, _jit(args.jit_compile), mixed)
+        jit = _jit(args.jit_compile)
+        result = _measure(args.one, args.samples, args.epochs, jit, mixed, args.metrics)
         print(json.dumps(result))
         return 0
     counts = [int(n) for n in args.members.split(",")]
@@ -152,7 +179,8 @@ def main() -> int:
     plain = statistics.median(r["one_time_s"] for r in runs[0])
     print(
         f"backend {os.environ.get('KERAS_BACKEND', 'tensorflow')}, jit_compile="
-        f"{args.jit_compile}, {args.architecture} widths, {args.samples} samples x "
+        f"{args.jit_compile}, {args.architecture} widths, metrics {args.metrics}, "
+        f"{args.samples} samples x "
         f"{args.epochs} epochs, "
         f"{args.repeats} repeats (median, min-max)"
     )

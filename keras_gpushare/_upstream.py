@@ -324,10 +324,24 @@ def compile_metrics(model: keras.Model) -> Any:
     return getattr(model, "_compile_metrics", None)
 
 
-def user_metrics(metrics: Any) -> tuple[Any, Any]:
-    """The `metrics=` and `weighted_metrics=` a `CompileMetrics` was made with, as given:
-    `_user_metrics`, `_user_weighted_metrics`."""
-    return metrics._user_metrics, metrics._user_weighted_metrics
+def trace_symbolically(function: Any, *args: Any) -> None:
+    """Runs `function` on symbolic values (`keras.KerasTensor`s) as Keras's symbolic build
+    does, making the state it makes and changing none; its result is dropped:
+    `keras.src.backend.compute_output_spec`."""
+    from keras.src import backend
+
+    def run(*values: Any) -> tuple:
+        function(*values)
+        return ()
+
+    backend.compute_output_spec(run, *args)
+
+
+def metric_state_pending(metric: Any) -> bool:
+    """Whether one of Keras's metrics makes its state from the first batch it sees (`AUC`
+    with `multi_label=True` and no `num_labels`, `F1Score`/`FBetaScore`, `R2Score`):
+    `_built` is False until then."""
+    return getattr(metric, "_built", True) is False
 
 
 def loss_parts(loss: Any) -> list[tuple[Any, Any, Any, Any]]:

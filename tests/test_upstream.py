@@ -703,12 +703,29 @@ def test_compile_arguments_are_the_objects_compile_was_given():
     assert _upstream.compile_arguments(keras.Sequential()) == {}
 
 
-@covers("user_metrics")
-def test_user_metrics_are_the_compile_arguments():
-    model = compiled_sequential(weighted_metrics=["mse"])
-    metrics, weighted = _upstream.user_metrics(_upstream.compile_metrics(model))
-    assert weighted == ["mse"]
-    assert metrics == ["mae"]
+@covers("metric_state_pending")
+def test_metric_state_pending_tells_the_metrics_that_shape_their_state_from_a_batch():
+    pending = [
+        keras.metrics.F1Score(),
+        keras.metrics.R2Score(),
+        keras.metrics.AUC(multi_label=True),
+    ]
+    assert all(_upstream.metric_state_pending(m) for m in pending)
+    made = [keras.metrics.AUC(), keras.metrics.Precision(), keras.metrics.Mean()]
+    assert not any(_upstream.metric_state_pending(m) for m in made)
+    y = np.asarray([[0.0, 1.0], [1.0, 0.0]], "float32")
+    for metric in pending:
+        metric.update_state(y, y)
+    assert not any(_upstream.metric_state_pending(m) for m in pending)
+
+
+@covers("trace_symbolically")
+def test_trace_symbolically_makes_state_and_changes_none():
+    metric = keras.metrics.F1Score()
+    spec = keras.KerasTensor((None, 3), "float32")
+    _upstream.trace_symbolically(metric.update_state, spec, spec)
+    assert [v.shape for v in metric.variables] == [(3,)] * 4
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(metric.result()), np.zeros(3))
 
 
 @needs_tf

@@ -273,11 +273,12 @@ def build_member(member: keras.Model, data_batch: Any, build_optimizer: bool = T
     """Builds `member`'s compiled loss, metrics and optimizer for batches like `data_batch`.
 
     Keras's `_symbolic_build` traces the model, its metrics and its loss on symbolic inputs
-    (on TensorFlow, a scratch graph of every operation, for each member). A built member
-    with a layer graph knows its outputs' shapes, and compiled losses and mean metrics
-    need only those, so they are built from them. Metrics that make their state from the
-    first values they see (an F1 score, for instance), and models without a layer graph,
-    take Keras's way. The optimizer is then built as Keras builds it, unless
+    (on TensorFlow, a scratch graph of every operation, for each member: 0.3 s a member
+    with confusion-matrix metrics). A built member with a layer graph knows its outputs'
+    shapes, and compiled losses and metrics are built from them; only where a metric may
+    make its state from the first values it sees (an F1 score, R2, a user's metric class)
+    are the metrics' updates traced on symbolic labels and outputs, the model not. Models
+    without a layer graph take Keras's way. The optimizer is then built as Keras builds it, unless
     `build_optimizer` is `False` and nothing else needs Keras's build: a fused member's
     optimizer holds no state while the pack trains, and is built when the member's state
     is written back (`pack.members`, `pack.member(i)`).
@@ -285,16 +286,15 @@ def build_member(member: keras.Model, data_batch: Any, build_optimizer: bool = T
     outputs = _output_specs(member)
     if outputs is not None:
         y = keras.utils.unpack_x_y_sample_weight(data_batch)[1]
-        y = tree.map_structure(
-            lambda v: None if v is None else keras.KerasTensor(v.shape, _dtype(v)), y
-        )
+        y = tree.map_structure(_symbolic, y)
         names = list(getattr(member, "output_names", None) or [])
         if isinstance(y, dict) and isinstance(outputs, (list, tuple)) and set(y) == set(names):
             # Labels by output name for a model of listed outputs, as Keras's loss takes them.
             y = [y[name] for name in names]
         metrics = _upstream.compile_metrics(member)
-        if metrics is not None and not metrics.built and _mean_metrics_only(metrics):
+        if metrics is not None and not metrics.built:
             metrics.build(y, outputs)
+            _make_metric_state(metrics, y, outputs, data_batch)
         loss = _upstream.compile_loss(member)
         if loss is not None and not loss.built:
             loss.build(y, outputs)
@@ -316,20 +316,49 @@ def _output_specs(member: keras.Model) -> Any:
     )
 
 
-def _mean_metrics_only(metrics: Any) -> bool:
-    """Whether every metric a `CompileMetrics` will make is a mean of a function of each
-    batch (its state made with it, whatever the shapes)."""
-    for identifier in tree.flatten(_upstream.user_metrics(metrics)):
-        if identifier is None:
-            continue
-        if isinstance(identifier, str) and identifier.lower() in ("accuracy", "acc"):
-            continue
-        metric = keras.metrics.get(identifier)
-        if isinstance(metric, (keras.metrics.Metric, type)) and not isinstance(
-            metric, keras.metrics.MeanMetricWrapper
-        ):
-            return False
-    return True
+def _make_metric_state(metrics: Any, y: Any, outputs: Any, data_batch: Any) -> None:
+    """Makes the state of a built `CompileMetrics`'s metrics that make it from their first
+    batch, by tracing their updates on symbolic labels and outputs (for one output, those
+    metrics' updates alone; otherwise every metric's, as Keras's build does)."""
+    pending = [metric for metric in metrics.metrics if not _state_made(metric)]
+    if not pending:
+        return
+    labels, predictions = tree.flatten(y), tree.flatten(outputs)
+    if len(predictions) == 1 and len(labels) == 1 and labels[0] is not None:
+
+        def update(y_true: Any, y_pred: Any) -> None:
+            for metric in pending:
+                metric.update_state(y_true, y_pred)
+
+        _upstream.trace_symbolically(update, _rows_unknown(labels[0]), predictions[0])
+        return
+    weights = keras.utils.unpack_x_y_sample_weight(data_batch)[2]
+    _upstream.trace_symbolically(
+        metrics.update_state,
+        tree.map_structure(_rows_unknown, y),
+        outputs,
+        tree.map_structure(_rows_unknown, weights),
+    )
+
+
+def _state_made(metric: keras.metrics.Metric) -> bool:
+    """Whether `metric` holds all its state before it sees a batch: the means of a function
+    of each batch and Keras's own metrics do, but for those that shape it from their first
+    batch (`_upstream.metric_state_pending`); a user's metric class is not known to."""
+    if isinstance(metric, keras.metrics.MeanMetricWrapper):
+        return True
+    keras_own = type(metric).__module__.split(".")[0] == "keras"
+    return keras_own and not _upstream.metric_state_pending(metric)
+
+
+def _symbolic(value: Any) -> Any:
+    return None if value is None else keras.KerasTensor(value.shape, _dtype(value))
+
+
+def _rows_unknown(value: Any) -> Any:
+    """`value` (symbolic) with its rows unknown, as in the outputs of a model's layer graph
+    (torch fills each unknown size with one number, which must agree)."""
+    return None if value is None else keras.KerasTensor((None, *value.shape[1:]), _dtype(value))
 
 
 def _dtype(value: Any) -> str:

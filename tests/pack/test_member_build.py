@@ -61,17 +61,22 @@ def built_state(model):
 
 
 @pytest.mark.parametrize(
-    "metrics",
-    [["accuracy"], ["accuracy", "sparse_categorical_crossentropy"], ["f1_score"]],
-    ids=["accuracy", "two-mean-metrics", "f1-keras-way"],
+    "metrics, sparse",
+    [
+        (["accuracy"], True),
+        (["accuracy", "sparse_categorical_crossentropy"], True),
+        (["accuracy", "auc", keras.metrics.Precision(name="p")], False),
+        (["f1_score"], False),
+        (["accuracy", keras.metrics.R2Score(), keras.metrics.AUC(multi_label=True)], False),
+    ],
+    ids=["accuracy", "two-mean-metrics", "confusion", "f1", "state-from-a-batch"],
 )
-def test_a_built_member_trains_as_keras_builds_it(metrics):
+def test_a_built_member_trains_as_keras_builds_it(metrics, sparse):
     x, y = data()
-    if metrics == ["f1_score"]:
-        y_fit = keras.utils.to_categorical(y, 3)
-        loss = "categorical_crossentropy"
-    else:
+    if sparse:
         y_fit, loss = y, "sparse_categorical_crossentropy"
+    else:
+        y_fit, loss = keras.utils.to_categorical(y, 3), "categorical_crossentropy"
     ours, keras_own = compiled_twins(classifier, loss=loss, metrics=metrics)
     batch = (x[:8], y_fit[:8])
     members_lib.build_member(ours, batch)
@@ -86,13 +91,15 @@ def test_a_built_member_trains_as_keras_builds_it(metrics):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_a_member_with_named_outputs_builds_per_output_losses_and_metrics():
+@pytest.mark.parametrize("score_metrics", [["mae"], ["mae", "r2_score"]], ids=["means", "r2"])
+def test_a_member_with_named_outputs_builds_per_output_losses_and_metrics(score_metrics):
     x, y = data()
     score = np.linspace(-1, 1, len(x)).astype("float32")[:, None]
     labels = {"label": y, "score": score}
     args = dict(
         loss={"label": "sparse_categorical_crossentropy", "score": "mse"},
-        metrics={"label": ["accuracy"], "score": ["mae"]},
+        metrics={"label": ["accuracy"], "score": score_metrics},
+        weighted_metrics={"score": ["mae"]},
     )
     ours, keras_own = compiled_twins(two_heads, **args)
     batch = (x[:8], {"label": y[:8], "score": score[:8]})
@@ -108,17 +115,31 @@ def test_a_member_with_named_outputs_builds_per_output_losses_and_metrics():
         np.testing.assert_allclose(logs[0].history[key], logs[1].history[key], rtol=1e-6)
 
 
-def test_mean_metrics_only_tells_metrics_that_make_state_from_values():
-    def metrics_of(metrics):
-        model = classifier(0)
-        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=metrics)
-        return _upstream.compile_metrics(model)
+def test_building_a_member_runs_its_model_only_where_keras_must():
+    """A member with a layer graph is built from its outputs' shapes: its model is never
+    called, whatever its metrics (those that shape their state from a first batch have
+    their updates traced on symbolic values); a subclassed model takes Keras's way."""
+    x, y = data()
+    calls = []
 
-    assert members_lib._mean_metrics_only(
-        metrics_of(["accuracy", "mae", keras.metrics.mean_squared_error])
-    )
-    assert not members_lib._mean_metrics_only(metrics_of(["accuracy", "auc"]))
-    assert not members_lib._mean_metrics_only(metrics_of([keras.metrics.F1Score()]))
+    class Counting(keras.layers.Layer):
+        def call(self, inputs):
+            calls.append(1)
+            return inputs
+
+    def counted(seed):
+        keras.utils.set_random_seed(seed)
+        inputs = keras.Input((6,))
+        outputs = keras.layers.Dense(3, activation="softmax")(Counting()(inputs))
+        return keras.Model(inputs, outputs)
+
+    metrics = ["accuracy", "auc", keras.metrics.F1Score()]
+    model = counted(0)
+    model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=metrics)
+    calls.clear()
+    members_lib.build_member(model, (x[:8], keras.utils.to_categorical(y[:8], 3)))
+    assert calls == []
+    assert all(not _upstream.metric_state_pending(m) for m in model.metrics[1].metrics)
 
 
 def test_a_fused_members_optimizer_is_built_when_its_state_is_read():
