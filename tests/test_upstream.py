@@ -649,8 +649,9 @@ def test_log_weights_writes_the_weight_histograms(tmp_path):
 @covers("tensorboard_profile_batch")
 def test_tensorboard_profile_batch_is_zero_without_profiling(tmp_path):
     assert _upstream.tensorboard_profile_batch(keras.callbacks.TensorBoard(str(tmp_path))) == 0
-    board = keras.callbacks.TensorBoard(str(tmp_path), profile_batch=(3, 5))
-    assert _upstream.tensorboard_profile_batch(board) == 3
+    if keras.backend.backend() == "tensorflow":  # JAX drops a profile batch, torch refuses it
+        board = keras.callbacks.TensorBoard(str(tmp_path), profile_batch=(3, 5))
+        assert _upstream.tensorboard_profile_batch(board) == 3
 
 
 @pytest.mark.parametrize("owner, method, arguments, backend", _upstream.OVERRIDDEN_HOOKS)
@@ -892,13 +893,19 @@ def test_kt_tuner_internals(kt, tmp_path):
     assert copies[0] is not callbacks[0]
     trial = tuner.oracle.create_trial(tuner.tuner_id)
     _upstream.configure_tensorboard_dir(tuner, copies, trial)
-    assert trial.trial_id in copies[0].log_dir
+    # KerasTuner gives each trial and execution its own directory on TensorFlow only.
+    on_tf = keras.backend.backend() == "tensorflow"
+    assert (os.path.basename(os.path.dirname(copies[0].log_dir)) == trial.trial_id) == on_tf
     log_dirs = []
     for execution in (0, 1):
         callbacks = [keras.callbacks.TensorBoard(str(tmp_path / "tb"))]
         _upstream.configure_tensorboard_dir(tuner, callbacks, trial, execution)
         log_dirs.append(callbacks[0].log_dir)
-    assert [os.path.basename(d) for d in log_dirs] == ["execution0", "execution1"]
+    # KerasTuner gives each execution its own directory on TensorFlow only.
+    expected = (
+        ["execution0", "execution1"] if keras.backend.backend() == "tensorflow" else ["tb"] * 2
+    )
+    assert [os.path.basename(d) for d in log_dirs] == expected
     x, y = np.ones((4, 3), "float32"), np.zeros((4, 1), "float32")
     _upstream.run_and_update_trial(tuner, trial, x, y, epochs=1, verbose=0)
     assert tuner.oracle.get_trial(trial.trial_id).metrics.exists("loss")
