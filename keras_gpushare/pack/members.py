@@ -273,7 +273,7 @@ def build_member(member: keras.Model, data_batch: Any, build_optimizer: bool = T
     """Builds `member`'s compiled loss, metrics and optimizer for batches like `data_batch`.
 
     Keras's `_symbolic_build` traces the model, its metrics and its loss on symbolic inputs
-    (on TensorFlow, a scratch graph of every operation, for each member: 0.3 s a member
+    (on TensorFlow, a scratch graph of every operation, for each member: 0.1-0.3 s a member
     with confusion-matrix metrics). A built member with a layer graph knows its outputs'
     shapes, and compiled losses and metrics are built from them; only where a metric may
     make its state from the first values it sees (an F1 score, R2, a user's metric class)
