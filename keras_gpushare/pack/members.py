@@ -347,7 +347,7 @@ def _state_made(metric: keras.metrics.Metric) -> bool:
     batch (`_upstream.metric_state_pending`); a user's metric class is not known to."""
     if isinstance(metric, keras.metrics.MeanMetricWrapper):
         return True
-    keras_own = type(metric).__module__.split(".")[0] == "keras"
+    keras_own = _upstream.is_keras_builtin(type(metric), "metrics")
     return keras_own and not _upstream.metric_state_pending(metric)
 
 
