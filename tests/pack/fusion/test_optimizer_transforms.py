@@ -70,6 +70,24 @@ def test_apply_if_finite_gates_non_finite_and_masked_members():
     np.testing.assert_array_equal(_numpy([step.updated])[0], [True, False, False])
 
 
+def test_apply_if_finite_checks_each_member_across_gradients_of_several_dtypes():
+    rng = np.random.default_rng(6)
+    grads = [
+        rng.normal(size=(4, 3, 2)).astype("float16"),
+        rng.normal(size=(4, 5)).astype("float32"),
+        rng.normal(size=(4,)).astype("float16"),
+    ]
+    grads[0][0, 2, 1] = np.finfo("float16").max  # finite, the largest there is
+    grads[1][0, 4] = np.finfo("float32").max
+    grads[0][1, 1, 0] = np.inf
+    grads[1][2, 0] = np.nan
+    grads[2][3] = -np.inf
+    step = _gated(grads, mask=(True,) * 4, scaled=(False,) * 4)
+    expected = [all(np.isfinite(g[j]).all() for g in grads) for j in range(4)]
+    assert expected == [True, False, False, False]
+    np.testing.assert_array_equal(_numpy([step.finite])[0], expected)
+
+
 def test_apply_if_finite_off_applies_steps_except_for_loss_scaled_members():
     grads = _stacked(3)
     grads[0][0, 0] = np.inf
