@@ -43,17 +43,13 @@ def summed_loss(
     new_status = status
     total = ops.convert_to_tensor(0.0)
     for engine, raw in zip(gradient_engines, outputs):
-        current = ops.take(status, engine.member_ids)
+        current = engine.member_rows(status)
         losses, freeze = engine.loss(x, y, raw, sample_weight, current, training)
         if scales is not None:
-            losses = losses * ops.take(scales, engine.member_ids)
+            losses = losses * engine.member_rows(scales)
         total = total + ops.sum(losses)
         if training:
-            new_status = ops.scatter_update(
-                new_status,
-                [[i] for i in engine.member_ids],
-                ops.where(freeze, FROZEN_NAN, current),
-            )
+            new_status = engine.with_member_rows(new_status, ops.where(freeze, FROZEN_NAN, current))
     return total, new_status
 
 

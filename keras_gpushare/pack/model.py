@@ -267,7 +267,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         if training:
             active = ops.equal(ops.convert_to_tensor(self._status), ACTIVE)
             return tuple(
-                engine.call(inputs, training=True, active=ops.take(active, engine.member_ids))
+                engine.call(inputs, training=True, active=engine.member_rows(active))
                 for engine in self._gradient_engines
             )
         outputs: list = [None] * len(self._members)

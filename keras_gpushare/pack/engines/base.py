@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+from keras import ops
 
 from keras_gpushare.pack import _slots
 
@@ -92,6 +93,21 @@ class Engine:
     def keras_objects(self) -> list:
         """The Keras layers and models the pack tracks for this engine (weights, saving)."""
         raise NotImplementedError
+
+    def member_rows(self, values: Any) -> Any:
+        """This engine's members' rows of `values` (one row a pack member), in `member_ids`
+        order: `values` itself when the engine holds every member in order, so that the
+        step gathers nothing."""
+        if self.member_ids == tuple(range(values.shape[0])):
+            return values
+        return ops.take(values, self.member_ids, axis=0)
+
+    def with_member_rows(self, values: Any, rows: Any) -> Any:
+        """`values` (one row a pack member) with this engine's members' rows set to `rows`
+        (`member_ids` order), `member_rows`' inverse."""
+        if self.member_ids == tuple(range(values.shape[0])):
+            return rows
+        return ops.scatter_update(values, [[i] for i in self.member_ids], rows)
 
     @property
     def metrics(self) -> list:

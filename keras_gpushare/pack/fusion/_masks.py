@@ -8,6 +8,7 @@ with the fused layers' own `compute_mask` (stacked like the tensor it belongs to
 converter drops these arguments and skips these nodes.
 """
 
+import functools
 import inspect
 
 import keras
@@ -21,10 +22,27 @@ def keras_mask(x):
     return _upstream.keras_mask(x) if isinstance(x, KerasTensor) else None
 
 
+@functools.cache
+def _method_signature(function):
+    """The signature of a method `function` bound to an instance (its first parameter left
+    out), as `inspect.signature` gives it; read once per function."""
+    signature = inspect.signature(function)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def call_signature(layer):
+    """The signature of `layer.call`, read once per class's `call` (a planner reads it for
+    every node of every member)."""
+    call = layer.call
+    if getattr(call, "__self__", None) is layer and inspect.isfunction(call.__func__):
+        return _method_signature(call.__func__)
+    return inspect.signature(call)
+
+
 def _bound_arguments(node):
     layer = node.operation
     try:
-        signature = inspect.signature(layer.call)
+        signature = call_signature(layer)
         return signature.bind(*node.arguments.args, **node.arguments.kwargs).arguments
     except (TypeError, ValueError):
         return {}

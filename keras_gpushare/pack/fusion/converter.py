@@ -196,13 +196,14 @@ def node_problem(nodes):
             None,
         )
     keys = fused_class.member_keys()
-    for _, other in present:
-        reason = fused_class.unsupported_reason(other.operation.get_config())
+    configs = [(i, other.operation.get_config()) for i, other in present]
+    for _, config in configs:
+        reason = fused_class.unsupported_reason(config)
         if reason:
             return reason, fused_class
-    base = comparable_config(layer.get_config(), keys)
-    for i, other in present[1:]:
-        other_config = comparable_config(other.operation.get_config(), keys)
+    base = comparable_config(configs[0][1], keys)
+    for i, config in configs[1:]:
+        other_config = comparable_config(config, keys)
         if other_config != base:
             differ = sorted(
                 k for k in set(base) | set(other_config) if base.get(k) != other_config.get(k)
@@ -268,7 +269,7 @@ def call_arguments(node):
     leaving out `None`s and the masks Keras fills in from the tensors' own masks.
     """
     try:
-        bound = inspect.signature(node.operation.call).bind(
+        bound = _masks.call_signature(node.operation).bind(
             *node.arguments.args, **node.arguments.kwargs
         )
     except (TypeError, ValueError):

@@ -150,13 +150,15 @@ def partition(costs: GroupCosts, groups: Sequence[Sequence[int]]) -> list[list[i
 
     Groups are taken from the smallest to the largest (by FLOPs), each merged into the
     group being formed when that costs less than keeping it apart, so members of similar
-    sizes end up together.
+    sizes end up together. A merged group lists its members in ascending order: where
+    nothing else orders a group (`planner._ordered`), its members are stacked in their own
+    order, which the step then need not permute.
     """
     ordered = sorted((list(g) for g in groups), key=lambda g: costs.flops(g)[1] / len(g))
     result: list[list[int]] = []
     for group in ordered:
         if result:
-            merged = result[-1] + group
+            merged = sorted(result[-1] + group)
             if costs.cost(merged) < costs.cost(result[-1]) + costs.cost(group):
                 result[-1] = merged
                 continue

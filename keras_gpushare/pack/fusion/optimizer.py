@@ -45,6 +45,13 @@ class _Reference:
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
+def _rows(values, ids):
+    """The rows `ids` of `values` (one row a member); `values` itself for all in order."""
+    if list(ids) == list(range(values.shape[0])):
+        return values
+    return ops.take(values, np.asarray(ids, "int32"), axis=0)
+
+
 class VectorizedOptimizer(keras.optimizers.Optimizer):
     """N members' optimizers applied at once to variables stacked on a member axis.
 
@@ -662,12 +669,15 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             group_states.append((ids, advanced))
         rest = [i for i in range(n) if i not in set(order)]
         # Members outside the groups, or without gradients: finite, not trained.
-        for flag, value in zip(flags, (True, False, False)):
-            flag.append(ops.convert_to_tensor(np.full((len(rest),), value)))
+        if rest:
+            for flag, value in zip(flags, (True, False, False)):
+                flag.append(ops.convert_to_tensor(np.full((len(rest),), value)))
         positions = np.argsort(np.asarray(order + rest, "int64")).astype("int32")
+        in_order = bool(np.all(positions == np.arange(n)))
 
         def in_member_order(pieces):
-            return ops.take(ops.concatenate(pieces, axis=0), positions, axis=0)
+            joined = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=0)
+            return joined if in_order else ops.take(joined, positions, axis=0)
 
         finite_all, active_all, updated_all = (in_member_order(f) for f in flags)
         updates.append((self.nonfinite, ops.cast(ops.logical_not(finite_all), "float32")))
@@ -676,10 +686,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             if not any(name in advanced for _, advanced in group_states):
                 continue
             pieces = [
-                advanced.get(name, ops.take(states[name], np.asarray(ids, "int32"), axis=0))
+                advanced[name] if name in advanced else _rows(states[name], ids)
                 for ids, advanced in group_states
             ]
-            pieces.append(ops.take(states[name], np.asarray(rest, "int32"), axis=0))
+            if rest:
+                pieces.append(_rows(states[name], rest))
             updates.append((state, ops.where(updated_all, in_member_order(pieces), states[name])))
         if dynamic:
             updates.extend(self._scale_updates(finite_all, scale_grad))
