@@ -298,6 +298,12 @@ class FusedDense(FusedLayer):
         """
         present = np.asarray(self.present, "int32")
         y = ops.matmul(_members(x, present), _members(kernel, present))
+        first, last = int(present[0]), int(present[-1])
+        if last - first + 1 == len(present):
+            # One run of members (the planner orders members by the layers they have):
+            # zeros around it, whose gradient is a slice rather than a scatter.
+            after = self.n_members - last - 1
+            return ops.pad(y, [(first, after)] + [(0, 0)] * (len(y.shape) - 1))
         positions = np.full((self.n_members,), len(self.present), "int32")
         positions[present] = np.arange(len(self.present), dtype="int32")
         y = ops.concatenate([y, ops.zeros_like(y[:1])], axis=0)

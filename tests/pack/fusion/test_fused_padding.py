@@ -7,6 +7,8 @@ histories and a save/load/continue round trip. Backend-neutral (the Makefile rer
 tests/pack/fusion on JAX).
 """
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -220,6 +222,23 @@ def test_a_dense_layer_a_member_leaves_out_is_not_computed_for_it():
     outputs = keras.ops.convert_to_numpy(fused(X))
     for i, member in enumerate(members):
         np.testing.assert_allclose(outputs[i], member(X), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("present", [[1, 2], [0, 2], [0, 1, 3]])
+def test_a_layer_some_members_leave_out_multiplies_only_theirs(present):
+    # In one run of members (as the planner orders nested depths) the product is padded
+    # with zeros; otherwise the members' products are gathered into place.
+    from keras_gpushare.pack.fusion.layers_core import FusedDense
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(4, 5, 6)).astype("float32")
+    kernel = rng.normal(size=(4, 6, 3)).astype("float32")
+    layer = types.SimpleNamespace(present=present, n_members=4)
+    y = FusedDense._present_only_matmul(layer, keras.ops.array(x), keras.ops.array(kernel))
+    expected = np.zeros((4, 5, 3), "float32")
+    for i in present:
+        expected[i] = x[i] @ kernel[i]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(y), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_planner_keeps_very_different_members_apart():
