@@ -111,22 +111,35 @@ def unscale(divisor: Any) -> GradientTransform:
     return transform
 
 
+# Gradients laid side by side for one finiteness check hold at most this many elements a
+# member: the copy a check makes stays small next to the weights, and a large gradient is
+# checked where it lies.
+_JOINED_AT_MOST = 1 << 16
+
+
 def _all_finite(grads: Sequence[Any]) -> Any:
     """`(k,)` bool: whether each member's gradients are all finite.
 
-    The gradients are laid side by side, member by member, and checked by one reduction
-    per dtype: one kernel where a check per gradient made two or three (a compiled step's
-    size, hence its compile time, goes by its kernels).
+    Gradients of one dtype are laid side by side, member by member, up to
+    `_JOINED_AT_MOST` elements a member, and each such run is checked by one reduction: a
+    small model's step checks all its gradients in one kernel where a check per gradient
+    made two or three (a compiled step's size, hence its compile time, goes by its kernels).
     """
     k = grads[0].shape[0]
-    by_dtype: dict[str, list] = {}
+    checks: list = []
+    runs: dict[str, tuple[list, int]] = {}
     for g in grads:
-        by_dtype.setdefault(keras.backend.standardize_dtype(g.dtype), []).append(
-            ops.reshape(g, (k, -1))
-        )
+        dtype = keras.backend.standardize_dtype(g.dtype)
+        size = int(np.prod(g.shape[1:], dtype="int64"))
+        pieces, total = runs.get(dtype, ([], 0))
+        if pieces and total + size > _JOINED_AT_MOST:
+            checks.append(pieces)
+            pieces, total = [], 0
+        runs[dtype] = ([*pieces, ops.reshape(g, (k, -1))], total + size)
+    checks.extend(pieces for pieces, _ in runs.values())
     finite = None
-    for flat in by_dtype.values():
-        values = flat[0] if len(flat) == 1 else ops.concatenate(flat, axis=1)
+    for pieces in checks:
+        values = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=1)
         ok = ops.all(ops.isfinite(values), axis=1)
         finite = ok if finite is None else ops.logical_and(finite, ok)
     return finite
