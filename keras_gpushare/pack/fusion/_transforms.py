@@ -111,37 +111,35 @@ def unscale(divisor: Any) -> GradientTransform:
     return transform
 
 
-# Gradients laid side by side for one finiteness check hold at most this many elements a
-# member: the copy a check makes stays small next to the weights, and a large gradient is
-# checked where it lies.
-_JOINED_AT_MOST = 1 << 16
+# A gradient of at most this many elements a member joins the others of its dtype in one
+# finiteness check (one kernel for them all); a larger one is checked where it is made, as
+# copying it would cost each step more than the kernels joining saves.
+_JOINED_AT_MOST = 128
 
 
 def _all_finite(grads: Sequence[Any]) -> Any:
     """`(k,)` bool: whether each member's gradients are all finite.
 
-    Gradients of one dtype are laid side by side, member by member, up to
-    `_JOINED_AT_MOST` elements a member, and each such run is checked by one reduction: a
-    small model's step checks all its gradients in one kernel where a check per gradient
-    made two or three (a compiled step's size, hence its compile time, goes by its kernels).
+    Small gradients (biases, mostly) of one dtype are laid side by side, member by member,
+    and checked by one reduction: a compiled step's size, hence its compile time, goes by
+    its kernels, and a check per gradient made two or three. Larger ones are checked alone.
     """
     k = grads[0].shape[0]
     checks: list = []
-    runs: dict[str, tuple[list, int]] = {}
+    small: dict[str, list] = {}
     for g in grads:
-        dtype = keras.backend.standardize_dtype(g.dtype)
-        size = int(np.prod(g.shape[1:], dtype="int64"))
-        pieces, total = runs.get(dtype, ([], 0))
-        if pieces and total + size > _JOINED_AT_MOST:
-            checks.append(pieces)
-            pieces, total = [], 0
-        runs[dtype] = ([*pieces, ops.reshape(g, (k, -1))], total + size)
-    checks.extend(pieces for pieces, _ in runs.values())
-    finite = None
-    for pieces in checks:
-        values = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=1)
-        ok = ops.all(ops.isfinite(values), axis=1)
-        finite = ok if finite is None else ops.logical_and(finite, ok)
+        if int(np.prod(g.shape[1:], dtype="int64")) <= _JOINED_AT_MOST:
+            dtype = keras.backend.standardize_dtype(g.dtype)
+            small.setdefault(dtype, []).append(ops.reshape(g, (k, -1)))
+        else:
+            # Reduced as it lies: flattening it first may copy it (XLA's layouts).
+            checks.append(ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape)))))
+    for pieces in small.values():
+        joined = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=1)
+        checks.append(ops.all(ops.isfinite(joined), axis=1))
+    finite = checks[0]
+    for ok in checks[1:]:
+        finite = ops.logical_and(finite, ok)
     return finite
 
 
