@@ -44,7 +44,6 @@ class _Reference:
         self.value = value
 
 
-@keras.saving.register_keras_serializable(package="keras_gpushare")
 def _rows(values, ids):
     """The rows `ids` of `values` (one row a member); `values` itself for all in order."""
     if list(ids) == list(range(values.shape[0])):
@@ -52,6 +51,7 @@ def _rows(values, ids):
     return ops.take(values, np.asarray(ids, "int32"), axis=0)
 
 
+@keras.saving.register_keras_serializable(package="keras_gpushare")
 class VectorizedOptimizer(keras.optimizers.Optimizer):
     """N members' optimizers applied at once to variables stacked on a member axis.
 

@@ -184,8 +184,12 @@ def test_unsupported_optimizers_are_named():
 
 
 def test_serialization_round_trip():
+    # Through Keras's registry, as a saved file's optimizer is read back.
     vectorized = VectorizedOptimizer(CASES["schedules_and_decay"]())
-    restored = VectorizedOptimizer.from_config(vectorized.get_config())
+    config = keras.optimizers.serialize(vectorized)
+    assert config["registered_name"] == "keras_gpushare>VectorizedOptimizer"
+    restored = keras.optimizers.deserialize(config)
+    assert isinstance(restored, VectorizedOptimizer)
     assert restored.n_members == 3
     assert isinstance(restored.member_schedule(0), ExponentialDecay)
 
