@@ -27,6 +27,7 @@ import keras
 from keras import ops
 
 from keras_gpushare.pack import _slots
+from keras_gpushare.pack.fusion._transforms import rows_of
 
 
 @dataclasses.dataclass
@@ -98,9 +99,7 @@ class Engine:
         """This engine's members' rows of `values` (one row a pack member), in `member_ids`
         order: `values` itself when the engine holds every member in order, so that the
         step gathers nothing."""
-        if self.member_ids == tuple(range(values.shape[0])):
-            return values
-        return ops.take(values, self.member_ids, axis=0)
+        return rows_of(values, self.member_ids)
 
     def with_member_rows(self, values: Any, rows: Any) -> Any:
         """`values` (one row a pack member) with this engine's members' rows set to `rows`

@@ -39,6 +39,14 @@ def member_axis(vector: Any, rank: int, dtype: Any = None) -> Any:
     return value if dtype is None else ops.cast(value, dtype)
 
 
+def rows_of(values: Any, ids: Sequence[int]) -> Any:
+    """The rows `ids` of `values` (one row a member), in that order: `values` itself when
+    `ids` are every member in order, so that a step gathers nothing."""
+    if list(ids) == list(range(values.shape[0])):
+        return values
+    return ops.take(values, np.asarray(ids, "int32"), axis=0)
+
+
 def runs(rules: Sequence[Any]) -> list[tuple[Any, int, int]]:
     """`[(rule, start, stop)]`: the maximal stretches of members sharing a rule."""
     stretches: list[tuple[Any, int, int]] = []

@@ -44,13 +44,6 @@ class _Reference:
         self.value = value
 
 
-def _rows(values, ids):
-    """The rows `ids` of `values` (one row a member); `values` itself for all in order."""
-    if list(ids) == list(range(values.shape[0])):
-        return values
-    return ops.take(values, np.asarray(ids, "int32"), axis=0)
-
-
 @keras.saving.register_keras_serializable(package="keras_gpushare")
 class VectorizedOptimizer(keras.optimizers.Optimizer):
     """N members' optimizers applied at once to variables stacked on a member axis.
@@ -686,11 +679,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             if not any(name in advanced for _, advanced in group_states):
                 continue
             pieces = [
-                advanced[name] if name in advanced else _rows(states[name], ids)
+                advanced[name] if name in advanced else _transforms.rows_of(states[name], ids)
                 for ids, advanced in group_states
             ]
             if rest:
-                pieces.append(_rows(states[name], rest))
+                pieces.append(_transforms.rows_of(states[name], rest))
             updates.append((state, ops.where(updated_all, in_member_order(pieces), states[name])))
         if dynamic:
             updates.extend(self._scale_updates(finite_all, scale_grad))
@@ -725,10 +718,9 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         """One group's update; returns its updates, its flags (k,) and its advanced state."""
         settings = [self._settings[i] for i in ids]
         take = np.asarray(ids, "int32")
-        whole = list(ids) == list(range(self.n_members))
 
         def pick(vector):
-            return vector if whole else ops.take(vector, take, axis=0)
+            return _transforms.rows_of(vector, ids)
 
         gradient_step = self._gradient_transform(settings, members, context, pick)
         step = gradient_step(
