@@ -9,6 +9,15 @@ traced once: the loop's body calls the same jitted one-batch step that also runs
 another shape (the short last batch of an epoch), so a `fit` compiles two programs, as
 Keras's loop does.
 
+The short last batch runs once an epoch, yet its program cost as much to compile as the
+loop's (about 1 s of a short `fit`'s 2.8 s for 8 small MLPs on a 2-core CPU). So on a CPU a
+batch that has only ever run alone at the end of a call (a shape of its own, last of its
+call's batches) is compiled with LLVM's cheapest optimization level: half the compile time,
+a slower run of that one batch, the same computation to rounding (XLA's optimizations of
+the computation are the same; only the machine code differs). A shape that also runs
+elsewhere in a call (batches of varying shapes) is compiled as the loop's body is. (JAX
+0.4.36 or later: an older JAX takes no compiler options, and compiles it as the body.)
+
 What a call does is what Keras's loop does, batch for batch: the same steps in the same
 order, the last batch's logs returned. Batches are stacked up to `steps_per_execution`
 (a call with fewer, at the end of an epoch, runs the same program with fewer iterations);
@@ -31,6 +40,10 @@ from jax import numpy as jnp
 from keras_gpushare import _upstream
 
 Step = Callable[[Any, Any], tuple[Any, Any]]
+
+# How the last batch of an epoch is compiled on a CPU: LLVM's cheapest level (XLA's default
+# is 2). A key of XLA's `DebugOptions`; a release without it fails this module's test.
+LAST_BATCH_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 def applies(model: Any) -> bool:
@@ -56,16 +69,27 @@ def function(model: Any, step: Step, keep_failed: bool) -> Callable[[Any, Any], 
     """
     one = jax.jit(step, donate_argnums=0)
     loop = jax.jit(_looping(one), donate_argnums=0)
+    last = _last_batch_step(step, one)
     size = int(model.steps_per_execution)
+    # Signatures of batches that ran other than alone at the end of a call.
+    regular: set[tuple] = set()
 
     def call(state: Any, iterator: Any) -> Any:
         batches, error = _take(iterator, size)
+        runs = _runs(batches)
+        regular.update(
+            signature
+            for index, (signature, run) in enumerate(runs)
+            if len(run) > 1 or index < len(runs) - 1
+        )
         logs = None
-        for run in _runs(batches):
-            if len(run) == 1:
+        for signature, run in runs:
+            if len(run) > 1:
+                logs, state = loop(state, _stacked(run, size), np.int32(len(run)))
+            elif signature in regular:
                 logs, state = one(state, run[0])
             else:
-                logs, state = loop(state, _stacked(run, size), np.int32(len(run)))
+                logs, state = last(state, run[0])
         if error is not None:
             if keep_failed:
                 _upstream.keep_jax_state(model, state)
@@ -73,6 +97,22 @@ def function(model: Any, step: Step, keep_failed: bool) -> Callable[[Any, Any], 
         return logs, state
 
     return call
+
+
+def _last_batch_step(step: Step, one: Step) -> Step:
+    """`step` jitted for a batch that runs alone at the end of its calls: on a CPU compiled
+    with `LAST_BATCH_OPTIONS` (named `last_batch` in JAX's compile log), elsewhere `one`,
+    as on a JAX before 0.4.36, which takes no compiler options."""
+    if jax.default_backend() != "cpu":
+        return one
+
+    def last_batch(state: Any, batch: Any) -> Any:
+        return step(state, batch)
+
+    try:
+        return jax.jit(last_batch, donate_argnums=0, compiler_options=LAST_BATCH_OPTIONS)
+    except TypeError:
+        return one
 
 
 def _looping(one: Step) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
@@ -116,17 +156,15 @@ def _signature(batch: Any) -> tuple:
     return structure, tuple((np.shape(leaf), np.result_type(leaf)) for leaf in leaves)
 
 
-def _runs(batches: list) -> list[list]:
-    """`batches` cut where their shapes change, in order."""
-    runs: list[list] = []
-    previous = None
+def _runs(batches: list) -> list[tuple[tuple, list]]:
+    """`batches` cut where their shapes change, in order, each run with its signature."""
+    runs: list[tuple[tuple, list]] = []
     for batch in batches:
         signature = _signature(batch)
-        if runs and signature == previous:
-            runs[-1].append(batch)
+        if runs and signature == runs[-1][0]:
+            runs[-1][1].append(batch)
         else:
-            runs.append([batch])
-        previous = signature
+            runs.append((signature, [batch]))
     return runs
 
 

@@ -33,8 +33,9 @@ class _Compiles(logging.Handler):
 
 
 def _training(program: str) -> bool:
-    """Whether `program` is the training step: Keras's, or the pack's device loop over it."""
-    return "train_step" in program or program == "jit(loop)"
+    """Whether `program` is the training step: Keras's, or the pack's device loop over it
+    and its step for a batch alone at the end of its calls."""
+    return "train_step" in program or program in ("jit(loop)", "jit(last_batch)")
 
 
 def _member(width: int, seed: int) -> keras.Model:
