@@ -128,12 +128,15 @@ _JOINED_AT_MOST = 128
 def _all_finite(grads: Sequence[Any]) -> Any:
     """`(k,)` bool: whether each member's gradients are all finite.
 
-    Small gradients (biases, mostly) of one dtype are laid side by side, member by member,
-    and checked by one reduction: a compiled step's size, hence its compile time, goes by
-    its kernels, and a check per gradient made two or three. Larger ones are checked alone.
+    Each gradient times zero is summed member by member: zero where its elements are all
+    finite, NaN where one is not (infinity or NaN times zero is NaN, and a sum keeps a NaN),
+    and no finite value can overflow it. A sum is one kernel with its product under XLA,
+    where a boolean `all` of `isfinite` is split into two or three (a compiled step's size,
+    hence its compile time, goes by its kernels). Small gradients (biases, mostly) of one
+    dtype are laid side by side and summed together; larger ones as they lie.
     """
     k = grads[0].shape[0]
-    checks: list = []
+    sums: list = []
     small: dict[str, list] = {}
     for g in grads:
         if int(np.prod(g.shape[1:], dtype="int64")) <= _JOINED_AT_MOST:
@@ -141,14 +144,19 @@ def _all_finite(grads: Sequence[Any]) -> Any:
             small.setdefault(dtype, []).append(ops.reshape(g, (k, -1)))
         else:
             # Reduced as it lies: flattening it first may copy it (XLA's layouts).
-            checks.append(ops.all(ops.isfinite(g), axis=tuple(range(1, len(g.shape)))))
+            sums.append(_zero_sum(g, axis=tuple(range(1, len(g.shape)))))
     for pieces in small.values():
         joined = pieces[0] if len(pieces) == 1 else ops.concatenate(pieces, axis=1)
-        checks.append(ops.all(ops.isfinite(joined), axis=1))
-    finite = checks[0]
-    for ok in checks[1:]:
-        finite = ops.logical_and(finite, ok)
-    return finite
+        sums.append(_zero_sum(joined, axis=(1,)))
+    total = sums[0]
+    for more in sums[1:]:
+        total = ops.add(total, more)
+    return ops.isfinite(total)
+
+
+def _zero_sum(g: Any, axis: tuple[int, ...]) -> Any:
+    """Per member, the float32 sum of `g` times zero over `axis`: 0 or NaN."""
+    return ops.cast(ops.sum(ops.multiply(g, ops.zeros((), g.dtype)), axis=axis), "float32")
 
 
 def apply_if_finite(mask: Any, skip_nonfinite: bool, scaled: Sequence[bool]) -> GradientTransform:

@@ -70,9 +70,25 @@ def test_apply_if_finite_gates_non_finite_and_masked_members():
     np.testing.assert_array_equal(_numpy([step.updated])[0], [True, False, False])
 
 
+def _compiled(function):
+    """`function` compiled as a training step is (XLA on JAX and TensorFlow; torch eager),
+    so the compiler's simplifications apply to it."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.jit(function)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True)
+    return function
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("joined_at_most", [128, 6, 0])
 def test_apply_if_finite_checks_each_member_across_gradients_of_several_dtypes(
-    joined_at_most, monkeypatch
+    joined_at_most, compiled, monkeypatch
 ):
     # However many gradients one check joins (all, some, none).
     monkeypatch.setattr(_transforms, "_JOINED_AT_MOST", joined_at_most)
@@ -87,10 +103,16 @@ def test_apply_if_finite_checks_each_member_across_gradients_of_several_dtypes(
     grads[0][1, 1, 0] = np.inf
     grads[1][2, 0] = np.nan
     grads[2][3] = -np.inf
-    step = _gated(grads, mask=(True,) * 4, scaled=(False,) * 4)
+    gate = _transforms.apply_if_finite(ops.ones((4,), "bool"), True, (False,) * 4)
+
+    def finite(*tensors):
+        return gate(_transforms.GradientStep(list(tensors))).finite
+
+    check = _compiled(finite) if compiled else finite
     expected = [all(np.isfinite(g[j]).all() for g in grads) for j in range(4)]
     assert expected == [True, False, False, False]
-    np.testing.assert_array_equal(_numpy([step.finite])[0], expected)
+    found = check(*[ops.convert_to_tensor(g) for g in grads])
+    np.testing.assert_array_equal(_numpy([found])[0], expected)
 
 
 def test_apply_if_finite_off_applies_steps_except_for_loss_scaled_members():
