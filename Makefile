@@ -47,7 +47,7 @@ test: $(VENV)/.test
 	$(VENV)/bin/mypy keras_gpushare
 	$(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION)
 	KERAS_BACKEND=jax $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) $(JAX_TESTS)
-	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) tests/test_upstream.py tests/conformance tests/pack/test_pack_slots.py tests/pack/test_backend_seam.py tests/pack/engines tests/pack/test_stacked_step.py tests/pack/test_pack_shard_fused.py tests/tuner/conformance/test_conformance_behaviour.py::test_seeded_trials_each_train_on_their_own_shuffled_order
+	KERAS_BACKEND=torch $(PY) -m pytest -q $(PYTEST_JOBS) $(TEST_SELECTION) tests/test_upstream.py tests/pack/fusion/test_optimizer_transforms.py tests/conformance tests/pack/test_pack_slots.py tests/pack/test_backend_seam.py tests/pack/engines tests/pack/test_stacked_step.py tests/pack/test_pack_shard_fused.py tests/tuner/conformance/test_conformance_behaviour.py::test_seeded_trials_each_train_on_their_own_shuffled_order
 
 # Everything, the slow tests too (KerasTuner differential tests at parallel_trials=1).
 test-all:

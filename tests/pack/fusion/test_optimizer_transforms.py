@@ -208,8 +208,9 @@ def test_clip_equals_each_members_keras_clipping(option, limits):
     for j, limit in enumerate(limits):
         # SGD with a rate of 1 moves a zero variable by minus its clipped gradient.
         variables = [keras.Variable(np.zeros(shape, "float32")) for shape in SHAPES]
+        # Tensors, as a training step gives it (Keras's torch SGD takes no NumPy arrays).
         keras.optimizers.SGD(1.0, **({option: limit} if limit else {})).apply(
-            [g[j] for g in grads], variables
+            [ops.convert_to_tensor(g[j]) for g in grads], variables
         )
         for out, variable in zip(_numpy(step.grads), variables):
             np.testing.assert_allclose(out[j], -ops.convert_to_numpy(variable), rtol=1e-5)
