@@ -130,10 +130,11 @@ def _all_finite(grads: Sequence[Any]) -> Any:
 
     Each gradient times zero is summed member by member: zero where its elements are all
     finite, NaN where one is not (infinity or NaN times zero is NaN, and a sum keeps a NaN),
-    and no finite value can overflow it. A sum is one kernel with its product under XLA,
-    where a boolean `all` of `isfinite` is split into two or three (a compiled step's size,
-    hence its compile time, goes by its kernels). Small gradients (biases, mostly) of one
-    dtype are laid side by side and summed together; larger ones as they lie.
+    and no finite value can overflow it. XLA fuses the product into the sum and adds the
+    sums in one kernel, where a boolean `all` of `isfinite` took more kernels (a compiled
+    step's size, hence its compile time, goes by its kernels). Small gradients (biases,
+    mostly) of one dtype are laid side by side and summed together; larger ones as they
+    lie.
     """
     k = grads[0].shape[0]
     sums: list = []
