@@ -1,11 +1,12 @@
 """The pack's logs: `m{i}_<key>` for every member and `loss`, backend-neutral.
 
 Inside the compiled step the logs stay stacked: one `(k,)` vector per engine and figure
-(`step_logs`), and which members ran a step, so the step holds no operation per member for
-them (on a GPU, no kernel per member and figure), nor the pack's mean loss. Keras's loop
-reads the logs only where a call of the step returns, and there `expanding` turns the
-vectors into the `m{i}_<key>` figures and the mean `loss` callbacks, `History` and the
-progress bar see, reading each vector once.
+(`step_logs`), running means as their undivided sums (`StackedRatio`), and which members
+ran a step where an engine says so, so the step holds no operation per member for them (on
+a GPU, no kernel per member and figure), nor the pack's mean loss. Keras's loop reads the
+logs only where a call of the step returns, and there `expanding` turns the vectors into
+the `m{i}_<key>` figures and the mean `loss` callbacks, `History` and the progress bar see,
+reading each vector once.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from typing import Any
 import numpy as np
 from keras import ops
 
-from keras_gpushare.pack.engines.base import GroupFigures
+from keras_gpushare.pack.engines.base import GroupFigures, StackedRatio, host_mean
 
-# Keys of the step's own logs: a group's stacked figure, a member's own figure, and which
-# of a group's members ran a step since the metrics were last reset.
+# Keys of the step's own logs: a group's stacked figure, a running mean's undivided total
+# and count, a member's own figure, and which of a group's members ran a step since the
+# metrics were last reset (where the group says so; else where its loss count is above 0).
 _STACKED = "_kg_stacked"
+_TOTAL = "_kg_total"
+_COUNT = "_kg_count"
 _OWN = "_kg_own"
 _RAN = "_kg_ran"
 
@@ -33,14 +37,33 @@ def step_logs(groups: Sequence[tuple[Sequence[int], GroupFigures]]) -> dict:
     """
     logs: dict = {}
     for g, (member_ids, figures) in enumerate(groups):
-        logs[f"{_RAN}/{g}"] = ops.cast(figures.ran, "float32")
-        logs[f"{_STACKED}/{g}/loss"] = ops.cast(figures.losses, "float32")
-        for name, values in figures.shared.items():
-            logs[f"{_STACKED}/{g}/{name}"] = ops.cast(values, "float32")
+        if figures.ran is not None:
+            logs[f"{_RAN}/{g}"] = ops.cast(figures.ran, "float32")
+        for name, values in {"loss": figures.losses, **figures.shared}.items():
+            if isinstance(values, StackedRatio):
+                logs[f"{_TOTAL}/{g}/{name}"] = ops.cast(values.total, "float32")
+                logs[f"{_COUNT}/{g}/{name}"] = ops.cast(values.count, "float32")
+            else:
+                logs[f"{_STACKED}/{g}/{name}"] = ops.cast(values, "float32")
         for j, i in enumerate(member_ids):
             for name, value in figures.own[j].items():
                 logs[f"{_OWN}/{i}/{name}"] = ops.cast(value, "float32")
     return logs
+
+
+def _vector(value: Any) -> np.ndarray:
+    return np.reshape(ops.convert_to_numpy(value), (-1,))
+
+
+def _ran(logs: dict, member_ids: Sequence[Sequence[int]], n_members: int) -> np.ndarray:
+    """Which members ran a step since the metrics were last reset."""
+    ran = np.zeros(n_members, dtype=bool)
+    for g, ids in enumerate(member_ids):
+        flags = logs.get(f"{_RAN}/{g}")
+        if flags is None:
+            flags = logs[f"{_COUNT}/{g}/loss"]
+        ran[list(ids)] = _vector(flags) > 0
+    return ran
 
 
 def expanded(logs: dict, member_ids: Sequence[Sequence[int]], n_members: int) -> dict:
@@ -55,19 +78,19 @@ def expanded(logs: dict, member_ids: Sequence[Sequence[int]], n_members: int) ->
         member_ids: each group's members, in the order `step_logs` was given them.
         n_members: the pack's member count.
     """
-    ran = np.zeros(n_members, dtype=bool)
-    for g, ids in enumerate(member_ids):
-        ran[list(ids)] = np.reshape(ops.convert_to_numpy(logs[f"{_RAN}/{g}"]), (-1,)) > 0
+    ran = _ran(logs, member_ids, n_members)
     nan = np.float32("nan")
     per_member: list[dict] = [{} for _ in range(n_members)]
     losses = np.full(n_members, nan, dtype="float32")
     result = {"loss": nan}
     for key, value in logs.items():
-        if key.startswith(_RAN + "/"):
+        if key.startswith((_RAN + "/", _COUNT + "/")):
             continue
-        if key.startswith(_STACKED + "/"):
-            _, g, name = key.split("/", 2)
-            values = np.reshape(ops.convert_to_numpy(value), (-1,))
+        if key.startswith((_STACKED + "/", _TOTAL + "/")):
+            kind, g, name = key.split("/", 2)
+            values = _vector(value)
+            if kind == _TOTAL:
+                values = host_mean(values, _vector(logs[f"{_COUNT}/{g}/{name}"]))
             for j, i in enumerate(member_ids[int(g)]):
                 per_member[i][f"m{i}_{name}"] = values[j] if ran[i] else nan
             if name == "loss":

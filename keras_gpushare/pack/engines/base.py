@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_gpushare.pack import _slots
@@ -47,14 +48,43 @@ class EngineOptions:
 
 
 @dataclasses.dataclass
+class StackedRatio:
+    """Running means left undivided: each member's `total` and `count`, `(k,)` tensors.
+
+    A figure an engine reports so is divided where the logs are read, outside the step
+    (`host_mean`): the step holds no division, comparison or select for it (on a CPU, XLA
+    compiles a kernel fewer for each such figure).
+    """
+
+    total: Any
+    count: Any
+
+
+def host_mean(total: Any, count: Any) -> np.ndarray:
+    """`total / count` in NumPy, NaN where `count` is 0: what a running mean's `result`
+    computes in the step (float32 IEEE division either way), read on the host.
+
+    Args:
+        total: the members' weighted sums, a NumPy array.
+        count: their weights' sums, of the same shape.
+    """
+    with np.errstate(all="ignore"):  # as XLA: an overflow is inf, without a warning
+        mean = total / np.maximum(count, np.asarray(1e-12, dtype=count.dtype))
+    return np.where(count > 0, mean, np.asarray(np.nan, dtype=mean.dtype))
+
+
+@dataclasses.dataclass
 class GroupFigures:
     """An engine's members' figures since the metrics were last reset.
 
     Attributes:
-        losses: the members' mean losses, a `(k,)` tensor in `member_ids` order.
-        ran: whether each member ran a step since the reset, a `(k,)` boolean tensor.
-        shared: figures every member has under one key, each a `(k,)` tensor (the
-            fused engine's stacked metrics), by key.
+        losses: the members' mean losses in `member_ids` order, a `(k,)` tensor or a
+            `StackedRatio`.
+        ran: whether each member ran a step since the reset, a `(k,)` boolean tensor;
+            `None` where `losses` is a `StackedRatio` (a member ran where its count is
+            above 0).
+        shared: figures every member has under one key, each a `(k,)` tensor or a
+            `StackedRatio` (the fused engine's stacked metrics), by key.
         own: each member's other figures by its own key (`mae`, `price_loss`, ...), a
             dict of scalar tensors per member; logged after the shared ones.
     """

@@ -33,7 +33,13 @@ from keras_gpushare.pack.engines._stacked_metric import (
     stacks,
     why_not,
 )
-from keras_gpushare.pack.engines.base import EngineOptions, GradientEngine, GroupFigures
+from keras_gpushare.pack.engines.base import (
+    EngineOptions,
+    GradientEngine,
+    GroupFigures,
+    StackedRatio,
+    host_mean,
+)
 from keras_gpushare.pack.fusion import build_fused_model
 from keras_gpushare.pack.fusion.base import host_zeros
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
@@ -79,14 +85,21 @@ class StackedMean(keras.metrics.Metric):
         host = BACKEND.host_values(count, total)
         if host is not None:  # read outside the step: the same figures, no program compiled
             count, total = host
-            with np.errstate(all="ignore"):  # as XLA: an overflow is inf, without a warning
-                mean = total / np.maximum(count, np.asarray(1e-12, dtype=count.dtype))
-            return np.where(count > 0, mean, np.asarray(np.nan, dtype=mean.dtype))
+            return host_mean(total, count)
         mean = total / ops.maximum(count, 1e-12)
         return ops.where(count > 0, mean, float("nan"))
 
+    def ratio(self) -> StackedRatio:
+        """The running sums, undivided: what the step's logs carry (see `StackedRatio`)."""
+        return StackedRatio(ops.convert_to_tensor(self.total), ops.convert_to_tensor(self.count))
+
     def get_config(self) -> dict:
         return {"n_members": self.n_members, "name": self.name}
+
+
+def _undivided(state: StackedMean | StackedMetric) -> Any:
+    """A shared metric's figure for the step's logs: a running mean undivided."""
+    return state.ratio() if isinstance(state, StackedMean) else state.result()
 
 
 def _figure_name(names: dict[str, int], output: str | None, metric: str, weighted: bool) -> str:
@@ -1050,9 +1063,9 @@ class FusedEngine(GradientEngine):
         return notes
 
     def figures(self) -> GroupFigures:
-        """The stacked loss and shared metrics as they are; other metrics member by member."""
-        ran = ops.greater(ops.convert_to_tensor(self.loss_state.count), 0)
-        shared = {name: state.result() for name, state in self.metric_states.items()}
+        """The stacked loss and shared metrics as they are (running means undivided);
+        other metrics member by member."""
+        shared = {name: _undivided(state) for name, state in self.metric_states.items()}
         own: list[dict] = []
         for member in self.members:
             items = {}
@@ -1070,13 +1083,13 @@ class FusedEngine(GradientEngine):
         for name, state in self.tracker_states.items():
             names = self._tracker_names[name]
             if all(own_name == name for own_name in names):
-                shared[name] = state.result()
+                shared[name] = state.ratio()
                 continue
             # Members whose outputs are named differently: each logs its own name.
             values = ops.unstack(state.result(), num=len(self.members))
             for items, own_name, value in zip(own, names, values):
                 items[own_name] = value
-        return GroupFigures(self.loss_state.result(), ran, shared, own)
+        return GroupFigures(self.loss_state.ratio(), None, shared, own)
 
     # Members -----------------------------------------------------------------------------
 
