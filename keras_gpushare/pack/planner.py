@@ -435,16 +435,19 @@ def _ordered(
 
     Members of one optimizer family sit side by side: the vectorized optimizer updates each
     stretch of a family as one block. Within a family, members are ordered by the weighted
-    layers they have, in turn up and down from one family to the next. Members of nested
-    depths (a search over `num_layers`) then have each layer in one run of the group, even
-    across two families, so a layer computed only for them takes one slice of the stacked
-    kernel, whose gradient is one pass over it rather than one per run.
+    layers they have that the group computes only for them (`GroupCosts.sliced_calls`), in
+    turn up and down from one family to the next. Members of nested depths (a search over
+    `num_layers`) then have each such layer in one run of the group, even across two
+    families, so it takes one slice of the stacked kernel, whose gradient is one pass over
+    it rather than one per run. Otherwise (Python's sort is stable) members keep their
+    order in the pack, so the step needs no gather of their per-member state.
     """
     families = sorted({_optimizer_family(members[i]) for i in part})
+    sliced = [] if costs is None else costs.sliced_calls([ids.index(i) for i in part])
 
     def key(i: int) -> tuple:
         family = families.index(_optimizer_family(members[i]))
-        has = () if costs is None else costs.layers_of(ids.index(i))
+        has = () if costs is None else costs.layers_of(ids.index(i), sliced)
         return (family, has if family % 2 == 0 else tuple(-x for x in has))
 
     return sorted(part, key=key)

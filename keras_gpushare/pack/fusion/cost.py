@@ -18,6 +18,12 @@ an optimizer update) per group instead. The model counts both in floating-point 
 
 A group's estimated step is the sum over its calls. `partition` merges groups while the
 merged group costs less than the groups apart.
+
+A layer that computes only the members that have it (Dense, for members of a depth search)
+takes their slices of its input and kernel and pads the product back into place: as many
+kernels again as the product, forward and backward, and a longer compile. Where the left-out
+members' product costs no more than one call's overhead it computes every member's instead
+(`computes_every_member`), and their rows are left out afterwards.
 """
 
 from __future__ import annotations
@@ -38,6 +44,24 @@ ASSUMED_BATCH = 32
 def overhead_flops() -> float:
     """The fixed cost of one layer call of a group on this machine's device, in FLOPs."""
     return OVERHEAD_FLOPS["gpu" if has_accelerator() else "cpu"]
+
+
+def computes_every_member(
+    absent: int, rows: int, in_width: int, out_width: int, overhead: float | None = None
+) -> bool:
+    """Whether a layer left out by `absent` of its group's members computes their product
+    too: when its FLOPs in a training step (the forward product and the two backward ones)
+    are at most one layer call's overhead.
+
+    Args:
+        absent: members that leave the layer out.
+        rows: rows of the product per member (batch times positions).
+        in_width: the product's input width (the kernel's rows).
+        out_width: its output width.
+        overhead: one call's overhead in FLOPs. Defaults to `None`: `overhead_flops()`.
+    """
+    overhead = overhead_flops() if overhead is None else overhead
+    return 6.0 * absent * rows * in_width * out_width <= overhead
 
 
 @dataclasses.dataclass
@@ -107,9 +131,13 @@ class GroupCosts:
         for call in self.calls:
             ins, outs = call.ins[group], call.outs[group]
             in_width, out_width = max(ins.max(), call.in_floor), max(outs.max(), call.out_floor)
-            scale = 2.0 * self.batch * call.positions * call.kernel
+            rows = self.batch * call.positions * call.kernel
+            scale = 2.0 * rows
             if call.weighted:
-                computed = call.present[group].sum() if call.present_only else len(group)
+                present = int(call.present[group].sum())
+                absent = len(group) - present
+                every = computes_every_member(absent, rows, in_width, out_width, self.overhead)
+                computed = present if call.present_only and not every else len(group)
                 padded += scale * computed * in_width * out_width
                 real += scale * float(np.sum(ins * outs * call.present[group]))
             else:
@@ -123,10 +151,28 @@ class GroupCosts:
         calls = sum(1 for call in self.calls if call.present[members].any())
         return calls * self.overhead + self.flops(members)[0]
 
-    def layers_of(self, member: int) -> tuple[int, ...]:
-        """For each call with weights computed only for the members having it: 1 if `member`
-        has it, else 0."""
-        return tuple(int(c.present[member]) for c in self.calls if c.weighted and c.present_only)
+    def sliced_calls(self, group: Sequence[int]) -> list[int]:
+        """The calls with weights that a group of `group` (plan positions) computes only for
+        the members having them: left out by some, whose product is not cheap enough to
+        compute for every member (`computes_every_member`)."""
+        members = np.asarray(list(group))
+        sliced = []
+        for c, call in enumerate(self.calls):
+            if not (call.weighted and call.present_only):
+                continue
+            absent = len(members) - int(call.present[members].sum())
+            rows = self.batch * call.positions * call.kernel
+            ins, outs = call.ins[members], call.outs[members]
+            in_width, out_width = max(ins.max(), call.in_floor), max(outs.max(), call.out_floor)
+            if absent and not computes_every_member(
+                absent, rows, in_width, out_width, self.overhead
+            ):
+                sliced.append(c)
+        return sliced
+
+    def layers_of(self, member: int, calls: Sequence[int]) -> tuple[int, ...]:
+        """For each of `calls` (see `sliced_calls`): 1 if `member` has it, else 0."""
+        return tuple(int(self.calls[c].present[member]) for c in calls)
 
     def waste(self, members: Sequence[int]) -> float:
         """The share of a group's FLOPs that is padding."""

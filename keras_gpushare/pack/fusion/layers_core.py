@@ -11,6 +11,7 @@ from keras_gpushare.pack.fusion import layout as layout_lib
 from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion.base import FusedLayer, fold, unfold
+from keras_gpushare.pack.fusion.cost import computes_every_member
 from keras_gpushare.pack.fusion.registry import register_fused_layer
 
 # Rows of a batch assumed when choosing how to mask padding while the batch size is unknown.
@@ -201,7 +202,7 @@ class FusedDense(FusedLayer):
             x = ops.reshape(inputs, (n, -1, in_dim))
             if masks_activations and self._input_padded():
                 x = x * self._in_mask(x.dtype)
-            if len(self.present) < n:
+            if self._present_only(x):
                 y = self._present_only_matmul(x, kernel)
             else:
                 y = ops.matmul(x, kernel)
@@ -289,6 +290,18 @@ class FusedDense(FusedLayer):
     def _activation_mask(self, layout, dtype):
         """`(N, 1, width)`: ones where a member owns the feature, zeros in its padding."""
         return ops.convert_to_tensor(layout[:, None, :].astype("float32"), dtype=dtype)
+
+    def _present_only(self, x):
+        """Whether the product is computed for the members that have the layer only: where
+        some leave it out and their product would cost more than the slicing and padding
+        it saves (`cost.computes_every_member`; rows of the batch assumed `ASSUMED_ROWS`
+        when not known while tracing). Otherwise every member's product is computed, and
+        `FusedSkip` passes the others' input on: their rows get no gradient either way."""
+        absent = self.n_members - len(self.present)
+        if not absent:
+            return False
+        rows = x.shape[1] if isinstance(x.shape[1], (int, np.integer)) else ASSUMED_ROWS
+        return not computes_every_member(absent, int(rows), self.kernel.shape[1], self.units)
 
     def _present_only_matmul(self, x, kernel):
         """`x @ kernel` for the members that have this layer, zeros for the others.

@@ -213,9 +213,10 @@ def test_report_shows_padding_and_left_out_layers():
 
 def test_a_dense_layer_a_member_leaves_out_is_not_computed_for_it():
     # Members of equal widths that differ only in depth: the shallower member passes its
-    # tensor around the extra Dense layer, which multiplies only the deeper member's
+    # tensor around the extra Dense layer, which, wide enough that its product for that
+    # member would cost more than slicing it out, multiplies only the deeper member's
     # input, so the group computes nothing it throws away.
-    members = [mlp(0, (8,)), mlp(1, (8, 8))]
+    members = [mlp(0, (256,)), mlp(1, (256, 256))]
     pack = kg.ModelPack(members, fuse=True)
     assert "padding" not in str(pack.fusion_report).splitlines()[1], pack.fusion_report
     fused = build_fused_model(members)
@@ -299,14 +300,15 @@ def test_members_of_different_depths_with_their_own_layer_names_fuse():
 
 
 def test_a_search_over_depth_and_optimizers_stacks_each_layer_in_one_run():
-    # A search over `num_layers` and the optimizer family: the group orders its members so
-    # that each layer some members leave out is computed for one run of the others (one
+    # A search over `num_layers` and the optimizer family, of layers wide enough that the
+    # left-out members' product costs more than slicing it out: the group orders its members
+    # so that each layer some members leave out is computed for one run of the others (one
     # slice of its stacked kernel), and each optimizer family is one block.
     depths = [3, 1, 2, 2, 3, 1, 2, 3]
     families = [keras.optimizers.Adam, keras.optimizers.SGD] * 4
 
     def build():
-        members = [mlp(seed, (8,) * depth) for seed, depth in enumerate(depths)]
+        members = [mlp(seed, (192,) * depth) for seed, depth in enumerate(depths)]
         for member, family in zip(members, families):
             member.compile(optimizer=family(0.01), loss="binary_crossentropy")
         return members
@@ -327,6 +329,42 @@ def test_a_search_over_depth_and_optimizers_stacks_each_layer_in_one_run():
     assert len(partial) == 2
     for present in partial:
         assert present == list(range(present[0], present[-1] + 1)), (order, present)
+    _fit(pack, X, epochs=1)
+    for member, twin in zip(pack.members, twins):
+        _fit(twin, X, epochs=1)
+        _assert_close(member, twin)
+
+
+def test_a_cheap_layer_some_members_leave_out_is_computed_for_every_member():
+    # Small layers left out by some members: their product costs less than slicing the
+    # others' out (`cost.computes_every_member`), so every member's is computed, the members
+    # keep their order in the pack (no gather of their state in the step), and each still
+    # trains as in its own fit.
+    from keras_gpushare.pack.fusion.cost import computes_every_member
+
+    assert computes_every_member(3, 32, 64, 32, overhead=1e7)
+    assert not computes_every_member(2, 32, 192, 192, overhead=1e7)
+    depths = [3, 1, 2, 2, 3, 1]
+
+    def build():
+        members = [mlp(seed, (8,) * depth) for seed, depth in enumerate(depths)]
+        for member in members:
+            member.compile(optimizer="adam", loss="binary_crossentropy")
+        return members
+
+    members, twins = build(), build()
+    pack = kg.ModelPack(members)
+    pack.compile(loss="binary_crossentropy")
+    (engine,) = pack._gradient_engines
+    assert list(engine.member_ids) == list(range(len(depths)))
+    from keras_gpushare.pack.fusion.layers_core import FusedDense
+
+    partial = [
+        layer
+        for layer in engine.fused._flatten_layers()
+        if isinstance(layer, FusedDense) and len(layer.present) < len(depths)
+    ]
+    assert partial and not any(layer._present_only(keras.ops.ones((6, 32, 8))) for layer in partial)
     _fit(pack, X, epochs=1)
     for member, twin in zip(pack.members, twins):
         _fit(twin, X, epochs=1)
