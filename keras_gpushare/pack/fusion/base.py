@@ -147,7 +147,8 @@ class FusedLayer(keras.layers.Layer):
       of a depth search) when it keeps its input's shape; the converter then passes that
       member's input through unchanged.
     - `computes_present_only` (class attribute): when members leave the layer out, it
-      computes only the members that have it (the cost model counts only theirs).
+      computes only the members that have it, unless the others' product is cheaper than
+      slicing it out (`cost.computes_every_member`); the cost model counts the same.
 
     Args:
         n_members: Number of members N fused in this layer.
