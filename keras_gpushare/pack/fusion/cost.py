@@ -131,13 +131,9 @@ class GroupCosts:
         for call in self.calls:
             ins, outs = call.ins[group], call.outs[group]
             in_width, out_width = max(ins.max(), call.in_floor), max(outs.max(), call.out_floor)
-            rows = self.batch * call.positions * call.kernel
-            scale = 2.0 * rows
+            scale = 2.0 * self.batch * call.positions * call.kernel
             if call.weighted:
-                present = int(call.present[group].sum())
-                absent = len(group) - present
-                every = computes_every_member(absent, rows, in_width, out_width, self.overhead)
-                computed = present if call.present_only and not every else len(group)
+                computed = call.present[group].sum() if self._sliced(call, group) else len(group)
                 padded += scale * computed * in_width * out_width
                 real += scale * float(np.sum(ins * outs * call.present[group]))
             else:
@@ -156,19 +152,19 @@ class GroupCosts:
         the members having them: left out by some, whose product is not cheap enough to
         compute for every member (`computes_every_member`)."""
         members = np.asarray(list(group))
-        sliced = []
-        for c, call in enumerate(self.calls):
-            if not (call.weighted and call.present_only):
-                continue
-            absent = len(members) - int(call.present[members].sum())
-            rows = self.batch * call.positions * call.kernel
-            ins, outs = call.ins[members], call.outs[members]
-            in_width, out_width = max(ins.max(), call.in_floor), max(outs.max(), call.out_floor)
-            if absent and not computes_every_member(
-                absent, rows, in_width, out_width, self.overhead
-            ):
-                sliced.append(c)
-        return sliced
+        return [c for c, call in enumerate(self.calls) if self._sliced(call, members)]
+
+    def _sliced(self, call: _Call, group: np.ndarray) -> bool:
+        """Whether a group of `group` computes `call` only for the members having it."""
+        if not (call.weighted and call.present_only):
+            return False
+        absent = len(group) - int(call.present[group].sum())
+        rows = self.batch * call.positions * call.kernel
+        ins, outs = call.ins[group], call.outs[group]
+        in_width, out_width = max(ins.max(), call.in_floor), max(outs.max(), call.out_floor)
+        return bool(absent) and not computes_every_member(
+            absent, rows, in_width, out_width, self.overhead
+        )
 
     def layers_of(self, member: int, calls: Sequence[int]) -> tuple[int, ...]:
         """For each of `calls` (see `sliced_calls`): 1 if `member` has it, else 0."""
