@@ -202,7 +202,7 @@ class FusedDense(FusedLayer):
             x = ops.reshape(inputs, (n, -1, in_dim))
             if masks_activations and self._input_padded():
                 x = x * self._in_mask(x.dtype)
-            if self._present_only(x):
+            if self._present_only(inputs):
                 y = self._present_only_matmul(x, kernel)
             else:
                 y = ops.matmul(x, kernel)
@@ -280,28 +280,32 @@ class FusedDense(FusedLayer):
         gradient. The cheaper one is taken, by the elements each multiplies (rows of the
         batch assumed `ASSUMED_ROWS` when the batch size is not known while tracing).
         """
-        shape = inputs.shape[1:-1] if self.input_is_stacked() else inputs.shape[:-1]
-        known = all(isinstance(d, (int, np.integer)) for d in shape)
-        rows = int(np.prod(shape, dtype=int)) if known else ASSUMED_ROWS
         in_dim = self.kernel.shape[1]
         padded_in = in_dim if self._input_padded() else 0
-        return rows * (padded_in + self.units) < in_dim * self.units
+        return self._rows(inputs) * (padded_in + self.units) < in_dim * self.units
+
+    def _rows(self, inputs):
+        """Rows of each member's product: the batch times its positions, `ASSUMED_ROWS`
+        when the batch size is not known while tracing."""
+        shape = inputs.shape[1:-1] if self.input_is_stacked() else inputs.shape[:-1]
+        known = all(isinstance(d, (int, np.integer)) for d in shape)
+        return int(np.prod(shape, dtype=int)) if known else ASSUMED_ROWS
 
     def _activation_mask(self, layout, dtype):
         """`(N, 1, width)`: ones where a member owns the feature, zeros in its padding."""
         return ops.convert_to_tensor(layout[:, None, :].astype("float32"), dtype=dtype)
 
-    def _present_only(self, x):
+    def _present_only(self, inputs):
         """Whether the product is computed for the members that have the layer only: where
         some leave it out and their product would cost more than the slicing and padding
-        it saves (`cost.computes_every_member`; rows of the batch assumed `ASSUMED_ROWS`
-        when not known while tracing). Otherwise every member's product is computed, and
-        `FusedSkip` passes the others' input on: their rows get no gradient either way."""
+        it saves (`cost.computes_every_member`, on `_rows`). Otherwise every member's
+        product is computed, and `FusedSkip` passes the others' input on: their rows get
+        no gradient either way."""
         absent = self.n_members - len(self.present)
         if not absent:
             return False
-        rows = x.shape[1] if isinstance(x.shape[1], (int, np.integer)) else ASSUMED_ROWS
-        return not computes_every_member(absent, int(rows), self.kernel.shape[1], self.units)
+        in_dim = self.kernel.shape[1]
+        return not computes_every_member(absent, self._rows(inputs), in_dim, self.units)
 
     def _present_only_matmul(self, x, kernel):
         """`x @ kernel` for the members that have this layer, zeros for the others.
