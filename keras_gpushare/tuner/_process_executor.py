@@ -37,6 +37,7 @@ import keras_tuner
 from keras_gpushare import _upstream
 from keras_gpushare.tuner._devices import worker_environment, worker_name
 from keras_gpushare.tuner._executor import Executor, TrialFeed
+from keras_gpushare.tuner._pack_executor import _error_line
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
@@ -154,6 +155,8 @@ class ProcessExecutor(Executor):
             feed.one_at_a_time({"path": "worker", "why": why}, fit_args, fit_kwargs)
             return
         paths = _run_chief(self.oracle, self.launch, fit_args, fit_kwargs)
+        # The workers' paths are kept whether the search ran out of trials or an error
+        # ended it (too many consecutive failed trials, a `FatalError`), as in this process.
         if self.launch.devices:
             why = "a device's worker process ran it; see its worker, program and slot"
         elif self.launch.count:
@@ -164,6 +167,8 @@ class ProcessExecutor(Executor):
         else:
             why = "a worker of this chief ran it; that worker's `trial_paths()` says how"
         feed.record_ended({"path": "worker", "why": why}, paths)
+        if self.oracle.fatal_error is not None:
+            raise self.oracle.fatal_error
 
 
 def _spec_bytes(
@@ -251,18 +256,31 @@ class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
         return trial
 
     def handlers(self) -> grpc.GenericRpcHandler:
-        """`keras_gpushare.tuner.Trials`: CreateTrial and EndTrial with whole trials."""
+        """`keras_gpushare.tuner.Trials`: CreateTrial and EndTrial with whole trials.
+
+        Once an error ends the search (the oracle raised in `end_trial`: too many
+        consecutive failed trials, say), both answer with `"search_ended"`, the error's
+        line, instead of raising it into gRPC: the worker stops as on STOPPED, and the
+        chief raises the error when the trials still running have ended.
+        """
 
         def create(request: bytes, context: Any) -> bytes:
             trial = self.next_trial(json.loads(request)["tuner_id"])
-            return json.dumps(trial.get_state()).encode()
+            state = trial.get_state()
+            if trial.status == TrialStatus.STOPPED and self.oracle.fatal_error is not None:
+                # `Trial.set_state` ignores the key: a worker of an earlier release reads it.
+                state["search_ended"] = _error_line(self.oracle.fatal_error)
+            return json.dumps(state).encode()
 
         def end(request: bytes, context: Any) -> bytes:
             payload = json.loads(request)
             state = payload.get("trial", payload)  # a worker of an earlier release sends it bare
             if payload.get("path") is not None:
                 self.paths[state["trial_id"]] = payload["path"]
-            self.oracle.end_trial(trial_module.Trial.from_state(state))
+            try:
+                self.oracle.end_trial(trial_module.Trial.from_state(state))
+            except Exception as e:  # kept in `oracle.fatal_error`, raised by the chief
+                return json.dumps({"search_ended": _error_line(e)}).encode()
             return b""
 
         return grpc.method_handlers_generic_handler(
@@ -288,6 +306,7 @@ class ChiefClient:
         self._create = channel.unary_unary(f"/{_TRIALS_SERVICE}/CreateTrial")
         self._end = channel.unary_unary(f"/{_TRIALS_SERVICE}/EndTrial")
         self._whole = True
+        self._told_ended = False
         # Paths of trials this worker trained, sent with their ends (`record_path`).
         self._paths: dict[str, dict] = {}
 
@@ -311,7 +330,10 @@ class ChiefClient:
         response = self._call(self._create, {"tuner_id": tuner_id})
         if response is None:
             return self.client.create_trial(tuner_id)
-        return trial_module.Trial.from_state(json.loads(response))
+        state = json.loads(response)
+        if "search_ended" in state:
+            self._search_ended(state["search_ended"])
+        return trial_module.Trial.from_state(state)
 
     def record_path(self, trial_id: str, path: dict) -> None:
         """Sends `path` (see `ParallelTuner.trial_paths`) to the chief with the trial's end."""
@@ -321,8 +343,23 @@ class ChiefClient:
         if not self.client.should_report:
             return
         payload = {"trial": trial.get_state(), "path": self._paths.pop(trial.trial_id, None)}
-        if self._call(self._end, payload) is None:
+        response = self._call(self._end, payload)
+        if response is None:
             self.client.end_trial(trial)
+        elif response:
+            self._search_ended(json.loads(response)["search_ended"])
+
+    def _search_ended(self, error: str) -> None:
+        """Says once that the chief ended the search: the chief raises `error` itself,
+        once this worker's running trials have ended; this worker then stops."""
+        if not self._told_ended:
+            self._told_ended = True
+            logger.info(
+                "Worker %s: the chief ended the search (%s); this worker stops once its "
+                "running trials have ended.",
+                os.environ.get("KERASTUNER_TUNER_ID"),
+                error,
+            )
 
 
 def chief_client(oracle: Any) -> Any:
@@ -377,7 +414,8 @@ def _run_chief(
     oracle: Any, launch: WorkerLaunch, fit_args: tuple, fit_kwargs: dict
 ) -> dict[str, dict]:
     """Serves `oracle` until the search is done, with `launch.count` local workers; returns
-    the paths the workers reported with their trials' ends, by trial id.
+    the paths the workers reported with their trials' ends, by trial id (also when an error
+    ended the search: it is left in `oracle.fatal_error`).
 
     With none (KerasTuner's chief, `KERASTUNER_TUNER_ID=chief`, of an executor that runs
     trials in its own process), the chief only serves, as KerasTuner's does: its workers
@@ -417,8 +455,6 @@ def _run_chief(
         server.stop(grace=1.0)
         if spec_path:
             _remove_spec(spec_path, slots)
-    if oracle.fatal_error is not None:
-        raise oracle.fatal_error
     return servicer.paths
 
 

@@ -89,6 +89,49 @@ def test_a_device_worker_killed_mid_trial_is_restarted_and_the_search_ends_exact
     assert all(t.status == "COMPLETED" for t in trials.values())
 
 
+def test_a_devices_search_ended_by_failures_keeps_its_paths_and_its_workers_quiet(
+    tmp_path, capfd, caplog
+):
+    """Too many consecutive failed trials end the search with KerasTuner's error, and each
+    trial keeps the path it took, as in one process; the workers told that the search
+    ended stop without a gRPC traceback."""
+    paths, printed = {}, {}
+    for name, devices in (("one", None), ("devices", ["cpu0", "cpu1"])):
+        tuner = kg.tuner.ParallelTuner(
+            th.build_failing_from_2,
+            oracle=keras_tuner.oracles.GridSearchOracle(
+                objective="val_loss", max_consecutive_failed_trials=2
+            ),
+            parallel_trials=2,
+            devices=devices,
+            directory=str(tmp_path),
+            project_name=name,
+        )
+        with pytest.raises(RuntimeError, match="Number of consecutive failures exceeded"):
+            tuner.search(*th.data(64), epochs=1, validation_split=0.25, verbose=0)
+        trials = tuner.oracle.trials
+        assert "RUNNING" not in {t.status for t in trials.values()}
+        paths[name] = {
+            trials[trial_id].hyperparameters["value"]: {k: v for k, v in p.items() if k != "worker"}
+            for trial_id, p in tuner.trial_paths().items()
+        }
+        assert sorted(paths[name]) == sorted(t.hyperparameters["value"] for t in trials.values())
+        searched = capfd.readouterr()
+        tuner.results_summary(5)
+        printed[name] = (searched.out + searched.err, capfd.readouterr().out)
+    for value, path in paths["devices"].items():
+        if value >= 2:
+            assert path == {
+                "path": "not trained",
+                "why": f"building its model raised FailedTrialError: wrong value {value}.",
+            }
+            assert path == paths["one"].get(value, path)
+    searched, summary = printed["devices"]
+    assert summary.count("Path: not trained (worker cpu") == len(paths["devices"]) - 1, summary
+    assert "_InactiveRpcError" not in searched
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("grpc")]
+
+
 @pytest.mark.parametrize(
     "devices, executor, message",
     [

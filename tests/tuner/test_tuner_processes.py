@@ -91,6 +91,48 @@ def test_a_worker_falls_back_to_keras_tuner_calls_with_a_plain_keras_tuner_chief
     assert oracle.trials[trial.trial_id].score == 0.5
 
 
+def test_a_worker_told_that_the_search_ended_stops_quietly(tmp_path, monkeypatch, caplog):
+    """The chief's oracle raises as trials end (too many consecutive failed trials): each
+    `end_trial` of the worker returns, the worker says so in one INFO line, and its next
+    ask is STOPPED; the error stays the chief's to raise, not a gRPC traceback here."""
+    from keras_tuner.src.distribute import oracle_client
+
+    oracle = kg.tuner.ParallelOracle(
+        keras_tuner.oracles.RandomSearchOracle(
+            objective="val_loss", max_trials=4, seed=1, max_consecutive_failed_trials=1
+        )
+    )
+    _upstream.set_oracle_project_dir(oracle, str(tmp_path), "ended")
+    hp = keras_tuner.HyperParameters()
+    hp.Float("lr", 1e-3, 1e-1)
+    oracle.update_space(hp)
+    server, port, _ = _process_executor._start_server(oracle, "127.0.0.1:0", threads=2)
+    monkeypatch.setenv("KERASTUNER_ORACLE_IP", "127.0.0.1")
+    monkeypatch.setenv("KERASTUNER_ORACLE_PORT", str(port))
+    monkeypatch.setenv("KERASTUNER_TUNER_ID", "gpu0")
+    try:
+        client = _process_executor.chief_client(oracle_client.OracleClient(oracle))
+        with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
+            trials = [client.create_trial(f"gpu0-{slot}") for slot in (0, 1)]
+            for trial in trials:
+                trial.status = "FAILED"
+                trial.message = "building its model raised"
+                client.end_trial(trial)
+            after = client.create_trial("gpu0-0")
+    finally:
+        server.stop(grace=None)
+    assert after.status == "STOPPED"
+    limit = "Number of consecutive failures exceeded the limit of 1."
+    assert str(oracle.fatal_error).splitlines()[0] == limit
+    assert {t.status for t in oracle.trials.values()} == {"FAILED"} and not oracle.ongoing_trials
+    told = [r for r in caplog.records if "the chief ended the search" in r.getMessage()]
+    assert [r.levelno for r in told] == [logging.INFO]
+    assert told[0].getMessage() == (
+        f"Worker gpu0: the chief ended the search (RuntimeError: {limit}); this worker "
+        "stops once its running trials have ended."
+    )
+
+
 def test_hyperband_in_worker_processes(tmp_path):
     oracle = keras_tuner.oracles.HyperbandOracle(
         objective="val_loss", max_epochs=2, factor=2, seed=2

@@ -49,6 +49,19 @@ def build_sometimes_broken(hp) -> keras.Model:
     return model
 
 
+def build_failing_from_2(hp) -> keras.Model:
+    """A grid of `value` 1 to 5 where every value but 1 fails its build (`FailedTrialError`)."""
+    from keras_tuner import errors
+
+    value = hp.Int("value", 1, 5)
+    if value >= 2:
+        raise errors.FailedTrialError(f"wrong value {value}.")
+    keras.utils.set_random_seed(value)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
 class KillSelf(keras.callbacks.Callback):
     """SIGKILLs its own process at the end of epoch `epoch`, once (a marker file remembers)."""
 
