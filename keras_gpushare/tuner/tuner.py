@@ -16,9 +16,8 @@ import keras_tuner
 from keras_tuner import errors
 
 from keras_gpushare import _upstream
-from keras_gpushare.tuner import _state
+from keras_gpushare.tuner import _devices, _state
 from keras_gpushare.tuner._data_orders import built
-from keras_gpushare.tuner._devices import device_entries
 from keras_gpushare.tuner._executor import AloneFallback, Executor, TrialCalls, TrialFeed
 from keras_gpushare.tuner._search_ledger import SearchLedger
 from keras_gpushare.tuner.oracle import ParallelOracle
@@ -115,9 +114,13 @@ class ParallelTuner(keras_tuner.Tuner):
             list of GPU indices or UUIDs: one worker process per entry, pinned to its GPU
             (`CUDA_VISIBLE_DEVICES`) before its framework starts, each training
             `parallel_trials` trials at a time with `executor`, coordinated by KerasTuner's
-            chief/worker protocol on localhost (the chief runs in `search`). On a machine
-            without GPUs, the entries name CPU workers (`devices=["cpu0", "cpu1"]`). Not
-            with `executor="processes"`. Defaults to `None`.
+            chief/worker protocol on localhost (the chief runs in `search`). A GPU is named
+            by its index (`0` or `"gpu0"`, its worker's name) or its UUID (or a unique
+            prefix), checked against the GPUs NVML lists before any worker starts: an
+            entry naming none is a `ValueError`; on a machine without GPUs, the workers
+            train on the CPU, with a warning unless the entries name CPU workers
+            (`devices=["cpu0", "cpu1"]`). Not with `executor="processes"`. Defaults to
+            `None`.
         directory: the folder holding projects. Defaults to `None` (the current folder).
         project_name: the project's folder name. Defaults to `None` ("untitled_project").
         overwrite: start afresh instead of resuming the project. Defaults to `False`.
@@ -263,7 +266,7 @@ class ParallelTuner(keras_tuner.Tuner):
         if self.devices is not None and not os.environ.get(WORKER_ENV):
             # The chief of one worker per device; each worker (this tuner rebuilt there)
             # streams its trials through its own executor, below.
-            entries = device_entries(self.devices)
+            entries = _devices.device_entries(self.devices)
             return processes(len(entries), entries)
         if _upstream.is_chief_oracle() and executor != "processes":
             return processes(0)
@@ -739,17 +742,13 @@ def _resolved_executor(executor: str) -> str:
 
 
 def _checked_devices(devices: Any, executor: Any) -> str | tuple[str, ...] | None:
-    """`devices` as `ParallelTuner` keeps it, or a clear error."""
+    """`devices` as `ParallelTuner` keeps it (GPU indices as `"0"`, `"1"`, ...), checked
+    against the GPUs of this machine in the chief, or a clear error."""
+    entries = [_devices.entry_of(d) for d in devices] if isinstance(devices, (list, tuple)) else []
     if devices is None or devices == "all":
         checked = devices
-    elif (
-        isinstance(devices, (list, tuple))
-        and devices
-        and all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in devices)
-        and all(str(d).strip() and "," not in str(d) for d in devices)
-        and len({str(d).strip() for d in devices}) == len(devices)
-    ):
-        checked = tuple(str(d).strip() for d in devices)
+    elif entries and None not in entries and len(set(entries)) == len(entries):
+        checked = tuple(e for e in entries if e is not None)
     else:
         raise ValueError(
             f'Invalid value for argument `devices`: got {devices!r}. Expected None, "all" '
@@ -763,6 +762,8 @@ def _checked_devices(devices: Any, executor: Any) -> str | tuple[str, ...] | Non
             'in-process executor ("auto", "pack" or "slots"); executor="processes" starts '
             "`parallel_trials` workers on one device instead. Pick one of the two."
         )
+    if isinstance(checked, tuple) and not os.environ.get(WORKER_ENV):
+        _devices.check_gpus(checked)
     return checked
 
 

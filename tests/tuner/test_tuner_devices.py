@@ -5,19 +5,24 @@ streaming its trials through its own executor, coordinated by KerasTuner's chief
 protocol. Tested on CPUs (a machine without GPUs runs one worker per entry on the CPU):
 trials split between the workers, each equal to plain KerasTuner's on its hyperparameters,
 each worker seeing only its own device, and a worker killed mid-trial restarted with its
-trial run again.
+trial run again. The GPUs the chief checks the entries against are NVML's, stood in for by
+the monitor tests' fake `pynvml` (two H100s, or none).
 """
 
 import logging
 import os
 import sys
+import warnings
 
 import keras_tuner
 import pytest
 import tuner_helpers as th
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "conformance"))
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, os.path.join(HERE, "conformance"))
+sys.path.insert(0, os.path.join(HERE, "..", "monitor"))
 
+from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, h100s  # noqa: E402
 from kt_twins import assert_same_trials  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
@@ -37,13 +42,27 @@ def _search(tmp_path, name, callbacks=(), **kwargs):
     if name == "kt":
         tuner = keras_tuner.RandomSearch(**args)
     else:
-        tuner = kg.tuner.ParallelTuner(parallel_trials=2, devices=[0, 1], **args, **kwargs)
+        # "gpu0" is GPU 0's worker's own name: the entry names the same GPU as `0`.
+        tuner = kg.tuner.ParallelTuner(parallel_trials=2, devices=["gpu0", 1], **args, **kwargs)
     tuner.search(*th.data(), callbacks=list(callbacks), **FIT)
     return tuner
 
 
 @pytest.fixture
-def seen_dir(tmp_path, monkeypatch):
+def nvml(monkeypatch):
+    """`nvml(gpus, **options)` puts a fake `pynvml` listing `gpus` in `sys.modules`."""
+
+    def install(gpus, **options):
+        fake = FakeNvml(gpus, **options)
+        monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+        return fake
+
+    return install
+
+
+@pytest.fixture
+def seen_dir(tmp_path, monkeypatch, nvml):
+    nvml(h100s(2))  # the chief checks `devices` against two GPUs, on any machine
     folder = tmp_path / "seen"
     folder.mkdir()
     monkeypatch.setenv(th.SEEN_ENV, str(folder))
@@ -152,3 +171,50 @@ def test_bad_devices_are_refused_before_any_work(tmp_path, devices, executor, me
             directory=str(tmp_path),
         )
     assert not os.listdir(tmp_path)
+
+
+def _tuner(tmp_path, devices):
+    return kg.tuner.ParallelTuner(
+        th.build_mlp,
+        objective="val_loss",
+        max_trials=1,
+        devices=devices,
+        directory=str(tmp_path),
+        project_name="checked",
+    )
+
+
+@pytest.mark.parametrize("devices", [[9], ["gpu9"], [0, "GPU-ffffffff"], ["MIG-00000000"]])
+def test_devices_naming_no_gpu_are_refused_listing_the_gpus_there_are(tmp_path, nvml, devices):
+    gpus = h100s(2)
+    nvml(gpus)
+    with pytest.raises(ValueError, match="Invalid value for argument `devices`") as info:
+        _tuner(tmp_path, devices)
+    message = str(info.value)
+    wrong = str(devices[-1])
+    if wrong.startswith(("GPU-", "MIG-")):
+        assert f"no GPU of this machine has UUID {wrong!r}" in message
+    else:
+        assert f"there is no GPU {wrong.replace('gpu', '')} on this machine" in message
+    assert all(f"{gpu.index}: {gpu.uuid} ({gpu.name})" in message for gpu in gpus), message
+    assert not os.listdir(tmp_path)
+
+
+def test_devices_name_gpus_by_index_worker_name_or_uuid_prefix(tmp_path, nvml):
+    gpus = h100s(2)
+    nvml(gpus)
+    tuner = _tuner(tmp_path, ["gpu0", gpus[1].uuid[:12], "cpu0"])
+    assert tuner.devices == ("0", gpus[1].uuid[:12], "cpu0")
+
+
+def test_gpu_entries_without_a_gpu_warn_once_that_workers_train_on_the_cpu(tmp_path, nvml):
+    nvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _tuner(tmp_path, [0, "gpu1", "cpu2"])
+        said = [str(w.message) for w in caught if "found no GPU" in str(w.message)]
+        assert len(said) == 1, said
+        assert "workers gpu0, gpu1 will train on the CPU" in said[0]
+        caught.clear()
+        _tuner(tmp_path, ["cpu0", "cpu1"])
+        assert not [w for w in caught if "GPU" in str(w.message)]
