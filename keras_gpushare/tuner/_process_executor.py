@@ -190,14 +190,23 @@ def _spec_bytes(
             (launch.tuner_class, launch.init_args, launch.init_kwargs, fit_args, fit_kwargs)
         )
     except Exception as e:
+        option, in_process = _in_process_way_out(launch)
         raise ValueError(
-            'executor="processes" sends your tuner\'s class and arguments, the hypermodel '
-            f"and the arguments of `search` to the worker processes by pickling them, and "
-            f"pickling failed: {e}. Define the build function at module level (not a lambda "
-            "or a nested function), pass NumPy arrays rather than tf.data datasets, or use "
-            'executor="pack".'
+            f"{option} sends your tuner's class and arguments, the hypermodel and the "
+            "arguments of `search` to the worker processes by pickling them, and pickling "
+            f"failed: {e}. Define the build function at module level (not a lambda or a "
+            "nested function) and pass NumPy arrays rather than tf.data datasets; or "
+            f"{in_process}."
         ) from None
     return buffer.getvalue(), sorted(set(pickler.main_names))
+
+
+def _in_process_way_out(launch: WorkerLaunch) -> tuple[str, str]:
+    """The option that made the search use worker processes, and how to train in this
+    process instead (an error's way out)."""
+    if launch.devices:
+        return "`devices`", "leave `devices` out to train the trials in this process"
+    return 'executor="processes"', 'use executor="pack", which trains them in this process'
 
 
 def _importable_main() -> str | None:
@@ -215,20 +224,20 @@ def _main_package() -> str | None:
     return getattr(spec, "parent", None) or None
 
 
-def _check_main(main_names: list[str]) -> str | None:
+def _check_main(main_names: list[str], launch: WorkerLaunch) -> str | None:
     """The script workers must import to find `main_names`, or a clear error."""
     if not main_names:
         return None
     path = _importable_main()
     if path is None:
         names = ", ".join(f"`{n}`" for n in main_names)
+        option, in_process = _in_process_way_out(launch)
         raise ValueError(
-            f'executor="processes" cannot send {names} to its worker processes: '
+            f"{option} trains the trials in worker processes, which cannot import {names}: "
             f"{'it is' if len(main_names) == 1 else 'they are'} defined in `__main__` of an "
             "interactive session (a notebook, `python -c` or a script read from standard "
-            "input), which a worker process cannot import. Define it in a module file and "
-            "import it from there (e.g. `from my_search import build`), run the search from "
-            'a script file, or use executor="pack", which runs in this process.'
+            "input). Define it in a module file and import it from there (e.g. `from "
+            f"my_search import build`) or run the search from a script file; or {in_process}."
         )
     return path
 
@@ -462,7 +471,7 @@ def _write_spec(launch: WorkerLaunch, oracle: Any, fit_args: tuple, fit_kwargs: 
     """Writes what the workers need (`WorkerHeader`, then the pickled tuner and search
     arguments) to a temporary file; returns its path."""
     spec, main_names = _spec_bytes(launch, oracle, fit_args, fit_kwargs)
-    main_path = _check_main(main_names)
+    main_path = _check_main(main_names, launch)
     header = WorkerHeader(
         sys_path=list(sys.path),
         cwd=os.getcwd(),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import tuner_helpers as th
 from hang_guard import HANG_GUARD_S
 
@@ -124,25 +125,38 @@ def build(hp):
 
 x, y = tuner_helpers.data(64)
 tuner = kg.tuner.ParallelTuner(
-    build, objective="val_loss", max_trials=2, parallel_trials=2, executor="processes",
+    build, objective="val_loss", max_trials=2, parallel_trials=2, {option},
     directory={directory!r}, project_name="notebook",
 )
 tuner.search(x, y, epochs=1, validation_split=0.25, verbose=0)
 """
 
 
-def test_a_hypermodel_defined_on_standard_input_fails_fast_naming_the_fix(tmp_path):
+@pytest.mark.parametrize(
+    "option, named, way_out",
+    [
+        ('executor="processes"', 'executor="processes"', 'use executor="pack"'),
+        # The executor left at its default: the error names what the user set.
+        ('devices=["cpu0"]', "`devices`", "leave `devices` out to train the trials in this"),
+    ],
+)
+def test_a_hypermodel_defined_on_standard_input_fails_fast_naming_the_fix(
+    tmp_path, option, named, way_out
+):
     result = subprocess.run(
         [sys.executable, "-"],
-        input=STDIN_MAIN_BUILD.format(directory=str(tmp_path)),
+        input=STDIN_MAIN_BUILD.format(directory=str(tmp_path), option=option),
         env=th.script_env(),
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
     )
     assert result.returncode != 0
-    assert "ValueError" in result.stderr
-    assert "`build`" in result.stderr and "defined in `__main__` of an interactive" in result.stderr
-    assert "module file" in result.stderr and 'executor="pack"' in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"ValueError: {named} trains the trials in worker processes, ")
+    assert "`build`" in error and "defined in `__main__` of an interactive" in error
+    assert "module file" in error and way_out in error
+    if option.startswith("devices"):
+        assert "executor=" not in error
     # Refused in the chief before any worker started: no trial was created.
     assert not th.trial_states(str(tmp_path / "notebook"))
