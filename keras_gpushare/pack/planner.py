@@ -365,10 +365,7 @@ def _group(
                     plan.reasons.update({i: reason for i in part})
                 elif len(part) == 1 and alone_on_graph:
                     graph_members.extend(part)
-                    plan.reasons[part[0]] = (
-                        "it fuses with no other member (fuse=True forces a fused group of one)"
-                        + (f"; with the others: {why_alone}" if why_alone else ".")
-                    )
+                    plan.reasons[part[0]] = _alone_reason(len(members), why_alone)
                 else:
                     part_report.member_ids = list(part)
                     plan.groups.append(tuple(part))
@@ -377,6 +374,16 @@ def _group(
                     positions = [ids.index(i) for i in part]
                     plan.waste.append(0.0 if costs is None else costs.waste(positions))
     plan.graph = tuple(sorted(graph_members))
+
+
+def _alone_reason(count: int, why_alone: str | None) -> str:
+    """Why a member that fuses with no other trains on the graph engine (`fuse="auto"`), in
+    words that hold whether or not the user passed `fuse`: `count` members in the pack,
+    `why_alone` why it does not fuse with the others (None: they are another kind)."""
+    if count == 1:
+        return "it is the pack's only member, and a pack of one trains on the graph engine."
+    alone = "it fuses with no other member, and a member alone trains on the graph engine"
+    return alone + (f"; with the others: {why_alone}" if why_alone else ".")
 
 
 def _fusable_sets(members: Sequence[keras.Model], ids: list[int]) -> list[tuple]:

@@ -227,6 +227,25 @@ def test_fuse_true_with_a_member_that_cannot_fuse_names_it():
         assert "member 2 on the graph engine: subclassed model" in pack.fusion_report
 
 
+@pytest.mark.skipif(not TENSORFLOW, reason="the graph engine runs on TensorFlow only")
+def test_a_member_alone_on_the_graph_engine_says_why_naming_no_argument_not_passed():
+    """`fuse` left at "auto": a member that fuses with no other trains on the graph engine,
+    and its reason says so in those terms (not "fuse=True forces ...", never passed)."""
+    alone = kg.ModelPack([mlp(8, seed=0)])
+    assert alone.engine == "graph"
+    assert alone.engine_plan.reasons == {
+        0: "it is the pack's only member, and a pack of one trains on the graph engine."
+    }
+    keras.utils.set_random_seed(2)
+    other = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+    mixed = kg.ModelPack([mlp(8, seed=0), mlp(8, seed=1), other])
+    assert mixed.engine == "mixed"
+    assert mixed.engine_plan.reasons == {
+        2: "it fuses with no other member, and a member alone trains on the graph engine."
+    }
+    assert "fuse=" not in alone.fusion_report + mixed.fusion_report
+
+
 def test_mixed_optimizer_families_train_fused(binary_data):
     x, y = binary_data
     members = [mlp(8, seed=s) for s in range(4)]

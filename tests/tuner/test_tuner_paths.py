@@ -87,6 +87,22 @@ def by_mode(tmp_path_factory):
     return tuner, paths, records.messages
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="the graph engine runs on TensorFlow only"
+)
+def test_a_trial_packed_alone_says_why_naming_no_argument_not_passed(tmp_path):
+    """One trial in its round, `fuse` left at "auto": a pack of one on the graph engine."""
+    tuner = _tuner(tmp_path, "alone", build=th.build_mlp, max_trials=1, executor="pack", seed=1)
+    _search(tuner)
+    assert tuner.trial_paths() == {
+        "0": {
+            "path": "graph",
+            "pack": "trial 0 (batch size 16)",
+            "why": "it is the pack's only member, and a pack of one trains on the graph engine",
+        }
+    }
+
+
 def test_trials_that_fuse_record_their_pack_and_group(by_mode):
     tuner, paths, _ = by_mode
     assert sorted(paths) == sorted(MODES)
