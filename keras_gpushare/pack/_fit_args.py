@@ -76,6 +76,7 @@ def check_inputs(x: Any, members: Sequence[keras.Model], engines: Sequence[Any])
     if hasattr(x, "element_spec"):
         spec = x.element_spec
         x = spec[0] if isinstance(spec, tuple) else spec
+    data_lib.check_array_data("x", x)
     data_lib.check_member_inputs(x, members)
     if not isinstance(x, dict):
         return
@@ -105,6 +106,7 @@ def check_labels(
     if y is None and hasattr(x, "element_spec"):
         spec = x.element_spec
         y = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else None
+    data_lib.check_array_data("y", y)
     per_member = data_lib.labels_per_member(y, output_counts)
     data_lib.check_member_labels(x, y, members, per_member)
     if BACKEND.label_ranges_checked:

@@ -221,10 +221,18 @@ class MemberAccess(_Model):
         return engine.learning_rate_handle(j, self.optimizer)
 
     def _check_index(self, index: int) -> None:
-        if not 0 <= index < len(self._members):
+        """Refuses what is not a member's index, as a list index refuses a string; and a
+        bool too, which a list would take as 0 or 1."""
+        count = len(self._members)
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+            raise TypeError(
+                f"Invalid type for argument `index`: got {index!r} of type "
+                f"{type(index).__name__}. Expected an integer from 0 to {count - 1}: the "
+                "member's position in the pack (not a bool, a string or a float)."
+            )
+        if not 0 <= index < count:
             raise ValueError(
-                f"Invalid member index {index}: this pack has {len(self._members)} members "
-                f"(0 to {len(self._members) - 1})."
+                f"Invalid member index {index}: this pack has {count} members (0 to {count - 1})."
             )
 
     def _locate(self, index: int) -> tuple[Engine, int]:

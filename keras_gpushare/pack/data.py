@@ -279,6 +279,47 @@ def _sparse_classes(member: keras.Model) -> tuple[int | None, int | None]:
     return (int(classes), ignore) if classes else (None, None)
 
 
+def check_array_data(argument: str, value: Any) -> None:
+    """Raises, in one line, when `value` (`x` or `y`) is a Python list, tuple or dict
+    holding numbers where Keras expects arrays (`x.tolist()`, say).
+
+    Keras's data adapters cannot slice a Python number, and refuse such data by printing it
+    whole (plain Keras), or read each number as an input of its own. A list or dict of
+    arrays, Keras's form for several inputs or outputs, passes.
+    """
+    if not isinstance(value, (list, tuple, dict)):
+        return
+    if not any(_is_number(leaf) for leaf in tree.flatten(value)):
+        return
+    part = "input" if argument == "x" else "output"
+    raise ValueError(
+        f"Invalid value for argument `{argument}`: got {_python_data(value)}. Expected "
+        f"NumPy arrays or tensors (e.g. `np.asarray({argument})`), a `tf.data.Dataset`, a "
+        f"`keras.utils.PyDataset` or a generator (for members with several {part}s, a list "
+        f"or dict of arrays, one per {part})."
+    )
+
+
+def _is_number(leaf: Any) -> bool:
+    return isinstance(leaf, (bool, int, float, complex, np.generic))
+
+
+def _python_data(value: Any) -> str:
+    """What a Python list or tuple of numbers (or of rows of numbers) holds, in words."""
+    kind = f"a Python {type(value).__name__}"
+    items = list(value.values()) if isinstance(value, dict) else list(value)
+    if all(_is_number(item) for item in items):
+        return f"{kind} of {len(items)} numbers"
+    widths = {len(item) if isinstance(item, (list, tuple)) else -1 for item in items}
+    rows_of_numbers = all(
+        isinstance(item, (list, tuple)) and all(_is_number(v) for v in item) for item in items
+    )
+    if rows_of_numbers and len(widths) == 1:
+        width = widths.pop()
+        return f"{kind} of {len(items)} rows of {width} value{'' if width == 1 else 's'}"
+    return f"{kind} holding Python numbers where arrays belong"
+
+
 def check_member_inputs(x: Any, members: Sequence[keras.Model]) -> None:
     """Raises, naming the member, when a member's layers cannot take the inputs `x`.
 

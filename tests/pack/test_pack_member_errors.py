@@ -4,6 +4,8 @@ Each case also fails in a plain Keras `fit` of that member alone; the pack says 
 which argument, the shape given and the shape the member accepts, before any step runs.
 """
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -138,3 +140,49 @@ def test_labels_keras_takes_are_not_refused(units, loss, labels):
     pack.compile(optimizer="sgd", loss=loss)
     history = pack.fit(np.ones((ROWS, 4), "float32"), labels, epochs=1, verbose=0)
     assert np.isfinite(history.history["m1_loss"][0])
+
+
+def test_a_member_index_that_is_no_integer_is_a_type_error_naming_the_argument():
+    pack = kg.ModelPack([dense(4, 1, 0), dense(4, 1, 1)])
+    for index in ("0", 1.0, True):
+        expected = (
+            f"Invalid type for argument `index`: got {index!r} of type "
+            f"{type(index).__name__}. Expected an integer from 0 to 1"
+        )
+        for call in (pack.member, pack.get_member_weights, pack.stop_member):
+            with pytest.raises(TypeError, match=re.escape(expected)):
+                call(index)
+    with pytest.raises(ValueError, match=re.escape("this pack has 2 members (0 to 1)")):
+        pack.member(5)
+    # NumPy integers are integers, as a list index takes them.
+    for got, want in zip(pack.member(np.int64(1)).get_weights(), pack.members[1].get_weights()):
+        np.testing.assert_array_equal(got, want)
+    assert pack.status == ["active", "active"]
+
+
+def test_python_lists_of_numbers_are_refused_in_one_line_saying_what_was_given():
+    pack = kg.ModelPack([dense(4, 1, 0), dense(4, 1, 1)])
+    pack.compile(optimizer="sgd", loss="mse")
+    x = np.arange(ROWS * 4, dtype="float32").reshape(ROWS, 4)
+    y = np.zeros((ROWS, 1), "float32")
+    before = weights(pack)
+    accepted = (
+        "Expected NumPy arrays or tensors (e.g. `np.asarray({0})`), a `tf.data.Dataset`, a "
+        "`keras.utils.PyDataset` or a generator (for members with several {1}s, a list or "
+        "dict of arrays, one per {1})."
+    )
+    for call, argument, given in (
+        (lambda: pack.fit(x.tolist(), y, epochs=1, verbose=0), "x", f"{ROWS} rows of 4 values"),
+        (lambda: pack.evaluate(x.tolist(), y, verbose=0), "x", f"{ROWS} rows of 4 values"),
+        (lambda: pack.predict(x[:, 0].tolist(), verbose=0), "x", f"{ROWS} numbers"),
+        (lambda: pack.fit(x, y.tolist(), epochs=1, verbose=0), "y", f"{ROWS} rows of 1 value"),
+    ):
+        with pytest.raises(ValueError) as raised:
+            call()
+        part = "input" if argument == "x" else "output"
+        assert str(raised.value) == (
+            f"Invalid value for argument `{argument}`: got a Python list of {given}. "
+            + accepted.format(argument, part)
+        )
+    assert_unchanged(before, pack)
+    assert_plain_keras_fails(pack.member_model(0), "mse", x.tolist(), y)
