@@ -286,9 +286,13 @@ class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
             state = payload.get("trial", payload)  # a worker of an earlier release sends it bare
             if payload.get("path") is not None:
                 self.paths[state["trial_id"]] = payload["path"]
+            trial = trial_module.Trial.from_state(state)
             try:
-                self.oracle.end_trial(trial_module.Trial.from_state(state))
-            except Exception as e:  # kept in `oracle.fatal_error`, raised by the chief
+                self.oracle.end_trial(trial)
+            except Exception as e:
+                if self.oracle.fatal_error is not e:
+                    raise
+                # The oracle ended the search: the chief raises the error, not this call.
                 return json.dumps({"search_ended": _error_line(e)}).encode()
             return b""
 
