@@ -8,7 +8,8 @@ test`; the tests here plant offences in a copy of the package and see each tool 
     imports under `if TYPE_CHECKING:` count (a type-only circle is still a circle).
 (b) Dependencies point one way: import-linter's other contracts (`pack`, `placement` and
     `monitor` independent of each other, `tuner` and `autopack` above them, the command
-    line above all, no engine reaching `pack/model.py`).
+    line above all, no engine reaching `pack/model.py`, the fused engine above its stacked
+    losses and metrics, which import neither it nor each other).
 (c) Every name the package reads or calls on an engine is declared on the engine classes of
     `pack/engines/base.py`, for that kind of engine: mypy (`[tool.mypy]`), which knows the
     pack's engines by their types (`ModelPack._engines`, `_gradient_engines`,
@@ -111,12 +112,14 @@ def test_planted_cycles_and_imports_against_the_direction_are_reported(tmp_path)
     planted (a lazy import, one under `TYPE_CHECKING`, and one through a module of no part
     count)."""
     summary = (PACKAGE / "pack" / "_summary.py").read_text()
+    stacked_loss = (PACKAGE / "pack" / "engines" / "_stacked_loss.py").read_text()
     copy = package_copy(
         tmp_path,
         {
             "pack/_planted.py": "def lazy():\n    from keras_gpushare import callbacks\n",
             "placement/_planted.py": "from keras_gpushare.tuner import oracle\n",
             "pack/engines/_planted.py": "def f():\n    from keras_gpushare.pack import _summary\n",
+            "pack/engines/_stacked_loss.py": stacked_loss + "\nfrom . import _stacked_metric\n",
             "pack/_summary.py": summary + "\nfrom keras_gpushare.pack import model\n",
             "placement/_cycle_a.py": (
                 "from typing import TYPE_CHECKING\n"
@@ -129,11 +132,15 @@ def test_planted_cycles_and_imports_against_the_direction_are_reported(tmp_path)
     code, out = run_tool("lint-imports", ["--no-cache"], copy)
     out = " ".join(out.split())
     assert code == 1, out
-    assert "Contracts: 0 kept, 4 broken." in out
+    assert "Contracts: 0 kept, 5 broken." in out
     # The pack reaches the monitor through keras_gpushare.callbacks.
     assert "keras_gpushare.pack._planted -> keras_gpushare.callbacks" in out
     assert "keras_gpushare.placement._planted -> keras_gpushare.tuner.oracle" in out
     assert "keras_gpushare.pack.engines._planted -> keras_gpushare.pack._summary" in out
+    assert (
+        "keras_gpushare.pack.engines._stacked_loss -> keras_gpushare.pack.engines._stacked_metric"
+        in out
+    )
     assert "No cycles are allowed in keras_gpushare.placement." in out
     assert "._cycle_b -> ._cycle_a (1 import)" in out
     assert "No cycles are allowed in keras_gpushare.pack." in out  # _summary <-> model

@@ -1,4 +1,10 @@
-"""One stateful Keras metric for N members at once, its state stacked on a member axis."""
+"""The fused engine's stacked metrics: N members' running means and metrics at once.
+
+`StackedMean` keeps N running means (each member's loss, a mean metric alike for every
+member) in two stacked variables; `StackedMetric` one stateful Keras metric for N members,
+its state stacked on a member axis. The column helpers say which of the members' compiled
+metrics line up to be computed so, and under which names they are logged.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from keras import ops
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._backend import BACKEND
+from keras_gpushare.pack.engines.base import StackedRatio, host_mean
 from keras_gpushare.pack.fusion.base import host_constant, host_zeros
 
 # Metrics whose state starts at zero and whose update and result map over a member axis
@@ -129,6 +136,56 @@ class StackedMetric(keras.metrics.Metric):
             values = np.array(ops.convert_to_numpy(variable))
             values[j] = 0 if self.initial is None else self.initial[k]
             variable.assign(values)
+
+
+class StackedMean(keras.metrics.Metric):
+    """N running means at once, one per member, in two stacked variables.
+
+    The fused engine keeps every member's loss and shared metrics this way: a few vector
+    operations a step instead of N small metric updates.
+    """
+
+    def __init__(self, n_members: int, name: str = "stacked_mean", **kwargs: Any) -> None:
+        super().__init__(name=name, **kwargs)
+        self.n_members = n_members
+        self.total = self.add_variable((n_members,), initializer=host_zeros, name="total")
+        self.count = self.add_variable((n_members,), initializer=host_zeros, name="count")
+
+    def update_state(self, values: Any, sample_weight: Any = None) -> None:
+        values = ops.cast(values, self.dtype)
+        weight = ops.ones_like(values) if sample_weight is None else sample_weight
+        weight = ops.cast(weight, self.dtype)
+        self.total.assign_add(values * weight)
+        self.count.assign_add(weight)
+
+    def add(self, totals: Any, counts: Any) -> None:
+        """Adds `(N,)` sums and counts (each member's weighted sum and its weights')."""
+        self.total.assign_add(ops.cast(totals, self.dtype))
+        self.count.assign_add(ops.cast(counts, self.dtype))
+
+    def reset_member(self, j: int) -> None:
+        """Zeroes member j's running mean, leaving the others'."""
+        for variable in (self.total, self.count):
+            values = np.array(ops.convert_to_numpy(variable))
+            values[j] = 0.0
+            variable.assign(values)
+
+    def result(self) -> Any:
+        count = ops.convert_to_tensor(self.count)
+        total = ops.convert_to_tensor(self.total)
+        host = BACKEND.host_values(count, total)
+        if host is not None:  # read outside the step: the same figures, no program compiled
+            count, total = host
+            return host_mean(total, count)
+        mean = total / ops.maximum(count, 1e-12)
+        return ops.where(count > 0, mean, float("nan"))
+
+    def ratio(self) -> StackedRatio:
+        """The running sums, undivided: what the step's logs carry (see `StackedRatio`)."""
+        return StackedRatio(ops.convert_to_tensor(self.total), ops.convert_to_tensor(self.count))
+
+    def get_config(self) -> dict:
+        return {"n_members": self.n_members, "name": self.name}
 
 
 def ready(metric: keras.metrics.Metric, pred_shape: Any) -> None:
@@ -258,3 +315,88 @@ def why_not(metric: keras.metrics.Metric) -> str:
     if not _upstream.metric_built(metric):
         return "its state could not be made before the first step"
     return "its result is not one number"
+
+
+def undivided(state: StackedMean | StackedMetric) -> Any:
+    """A shared metric's figure for the step's logs: a running mean undivided."""
+    return state.ratio() if isinstance(state, StackedMean) else state.result()
+
+
+def figure_name(names: dict[str, int], output: str | None, metric: str, weighted: bool) -> str:
+    """A compiled metric's log name as Keras's `CompileMetrics.result` gives it: the output's
+    name first; a weighted metric whose name is taken prefixed `weighted_`; a name taken
+    again numbered. `names` counts the names given so far."""
+    name = f"{output}_{metric}" if output else metric
+    if name not in names:
+        names[name] = 1
+        return name
+    if weighted:
+        name = f"{output}_weighted_{metric}" if output else f"weighted_{metric}"
+        if name not in names:
+            names[name] = 1
+            return name
+    index = names[name]
+    names[name] += 1
+    return f"{name}_{index}"
+
+
+def alike_columns(parts: list) -> list | None:
+    """`(output, output name, member 0's metric, the members' metrics, stacked)` for each
+    metric of the members' `metric_parts` (one list per member), when every member has
+    metrics of the same names output by output; else None. `stacked` when the column's
+    metrics are alike (class and configuration), each a mean of a function or a
+    `StackedMetric` kind: computed once for all members; else member by member."""
+    if any(len(p) != len(parts[0]) for p in parts):
+        return None
+    found = []
+    for output, first in enumerate(parts[0]):
+        alike = [p[output] for p in parts]
+        if first is None:
+            if any(part is not None for part in alike):
+                return None
+            continue
+        name, metrics = first
+        lists = [p[1] for p in alike if p is not None and p[0] == name]
+        if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
+            return None
+        for k, metric in enumerate(metrics):
+            column = [m[k] for m in lists]
+            if any(m.name != metric.name for m in column):
+                return None
+            stacked = (
+                isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
+            ) and metrics_alike(column)
+            found.append((output, name, metric, column, stacked))
+    return found
+
+
+def metrics_alike(column: list) -> bool:
+    """Whether the members' metrics of a column are of one class and configuration."""
+    first = column[0]
+    return all(type(m) is type(first) and m.get_config() == first.get_config() for m in column)
+
+
+def own_reason(column: list) -> str:
+    """Why a column of metrics (one per member, of one name) is computed member by member."""
+    if metrics_alike(column):
+        return why_not(column[0])
+    return "the members' metrics of this name differ"
+
+
+def weighted_sums(values: Any, weight: Any, per_member: bool = False) -> tuple[Any, Any]:
+    """Each member's weighted sum of `values` `(N, B, ...)` and the sum of its weights, as
+    Keras's `Mean.update_state` adds them (`reduce_to_samplewise_values`); `weight` is one
+    member's, or with `per_member` every member's, stacked `(N, B, ...)`."""
+    weight = ops.cast(weight, "float32")
+    if not per_member:
+        weight = ops.broadcast_to(ops.expand_dims(weight, 0), (values.shape[0], *weight.shape))
+    rank = len(weight.shape)
+    if len(values.shape) > rank:
+        values = ops.mean(values, axis=tuple(range(rank, len(values.shape))))
+    weight = ops.broadcast_to(weight, ops.shape(values))
+    values = values * weight
+    if rank > 2:
+        weight = ops.mean(weight, axis=tuple(range(2, rank)))
+    if len(values.shape) > 2:
+        values = ops.mean(values, axis=tuple(range(2, len(values.shape))))
+    return ops.sum(values, axis=1), ops.sum(weight, axis=1)

@@ -7,6 +7,11 @@ every backend. The pack's loss is the sum of the members' own compiled losses, s
 active (frozen, stopped) gets a non-finite gradient on purpose: the vectorized optimizer never
 applies one, so that member's weights, optimizer slots and step count stay as they are, with
 no extra state that a stateless (JAX) step would have to carry.
+
+The engine decides how its members' losses and metrics are computed and keeps their state;
+the stacked computations themselves live beside it, as Keras keeps its compiled loss and
+metrics apart from its trainer: the losses in `_stacked_loss`, the running means and
+metrics (`StackedMean`, `StackedMetric`) in `_stacked_metric`.
 """
 
 from __future__ import annotations
@@ -25,159 +30,38 @@ from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.engines._penalties import MemberPenalties
+from keras_gpushare.pack.engines._stacked_loss import (
+    STACKED_OUTPUTS,
+    OneLoss,
+    OutputLoss,
+    grouped_losses,
+    loss_groups,
+    output_losses,
+    output_losses_stack,
+    stacked_structure,
+)
 from keras_gpushare.pack.engines._stacked_metric import (
+    StackedMean,
     StackedMetric,
+    alike_columns,
+    figure_name,
     initial_values,
+    metrics_alike,
+    own_reason,
     probe,
     ready,
-    stacks,
-    why_not,
+    undivided,
+    weighted_sums,
 )
 from keras_gpushare.pack.engines.base import (
     EngineOptions,
     GradientEngine,
     GroupFigures,
-    StackedRatio,
-    host_mean,
 )
 from keras_gpushare.pack.fusion import build_fused_model
-from keras_gpushare.pack.fusion.base import host_zeros
 from keras_gpushare.pack.fusion.model import fuse_planned, member_part, set_member_part
 
 logger = logging.getLogger(__name__)
-
-
-class StackedMean(keras.metrics.Metric):
-    """N running means at once, one per member, in two stacked variables.
-
-    The fused engine keeps every member's loss and shared metrics this way: a few vector
-    operations a step instead of N small metric updates.
-    """
-
-    def __init__(self, n_members: int, name: str = "stacked_mean", **kwargs: Any) -> None:
-        super().__init__(name=name, **kwargs)
-        self.n_members = n_members
-        self.total = self.add_variable((n_members,), initializer=host_zeros, name="total")
-        self.count = self.add_variable((n_members,), initializer=host_zeros, name="count")
-
-    def update_state(self, values: Any, sample_weight: Any = None) -> None:
-        values = ops.cast(values, self.dtype)
-        weight = ops.ones_like(values) if sample_weight is None else sample_weight
-        weight = ops.cast(weight, self.dtype)
-        self.total.assign_add(values * weight)
-        self.count.assign_add(weight)
-
-    def add(self, totals: Any, counts: Any) -> None:
-        """Adds `(N,)` sums and counts (each member's weighted sum and its weights')."""
-        self.total.assign_add(ops.cast(totals, self.dtype))
-        self.count.assign_add(ops.cast(counts, self.dtype))
-
-    def reset_member(self, j: int) -> None:
-        """Zeroes member j's running mean, leaving the others'."""
-        for variable in (self.total, self.count):
-            values = np.array(ops.convert_to_numpy(variable))
-            values[j] = 0.0
-            variable.assign(values)
-
-    def result(self) -> Any:
-        count = ops.convert_to_tensor(self.count)
-        total = ops.convert_to_tensor(self.total)
-        host = BACKEND.host_values(count, total)
-        if host is not None:  # read outside the step: the same figures, no program compiled
-            count, total = host
-            return host_mean(total, count)
-        mean = total / ops.maximum(count, 1e-12)
-        return ops.where(count > 0, mean, float("nan"))
-
-    def ratio(self) -> StackedRatio:
-        """The running sums, undivided: what the step's logs carry (see `StackedRatio`)."""
-        return StackedRatio(ops.convert_to_tensor(self.total), ops.convert_to_tensor(self.count))
-
-    def get_config(self) -> dict:
-        return {"n_members": self.n_members, "name": self.name}
-
-
-def _undivided(state: StackedMean | StackedMetric) -> Any:
-    """A shared metric's figure for the step's logs: a running mean undivided."""
-    return state.ratio() if isinstance(state, StackedMean) else state.result()
-
-
-def _figure_name(names: dict[str, int], output: str | None, metric: str, weighted: bool) -> str:
-    """A compiled metric's log name as Keras's `CompileMetrics.result` gives it: the output's
-    name first; a weighted metric whose name is taken prefixed `weighted_`; a name taken
-    again numbered. `names` counts the names given so far."""
-    name = f"{output}_{metric}" if output else metric
-    if name not in names:
-        names[name] = 1
-        return name
-    if weighted:
-        name = f"{output}_weighted_{metric}" if output else f"weighted_{metric}"
-        if name not in names:
-            names[name] = 1
-            return name
-    index = names[name]
-    names[name] += 1
-    return f"{name}_{index}"
-
-
-def _alike_columns(parts: list) -> list | None:
-    """`(output, output name, member 0's metric, the members' metrics, stacked)` for each
-    metric of the members' `metric_parts` (one list per member), when every member has
-    metrics of the same names output by output; else None. `stacked` when the column's
-    metrics are alike (class and configuration), each a mean of a function or a
-    `StackedMetric` kind: computed once for all members; else member by member."""
-    if any(len(p) != len(parts[0]) for p in parts):
-        return None
-    found = []
-    for output, first in enumerate(parts[0]):
-        alike = [p[output] for p in parts]
-        if first is None:
-            if any(part is not None for part in alike):
-                return None
-            continue
-        name, metrics = first
-        lists = [p[1] for p in alike if p is not None and p[0] == name]
-        if len(lists) != len(alike) or any(len(m) != len(metrics) for m in lists):
-            return None
-        for k, metric in enumerate(metrics):
-            column = [m[k] for m in lists]
-            if any(m.name != metric.name for m in column):
-                return None
-            stacked = (
-                isinstance(metric, keras.metrics.MeanMetricWrapper) or stacks(metric)
-            ) and _alike(column)
-            found.append((output, name, metric, column, stacked))
-    return found
-
-
-def _alike(column: list) -> bool:
-    """Whether the members' metrics of a column are of one class and configuration."""
-    first = column[0]
-    return all(type(m) is type(first) and m.get_config() == first.get_config() for m in column)
-
-
-def _own_reason(column: list) -> str:
-    """Why a column of metrics (one per member, of one name) is computed member by member."""
-    return why_not(column[0]) if _alike(column) else "the members' metrics of this name differ"
-
-
-def _weighted_sums(values: Any, weight: Any, per_member: bool = False) -> tuple[Any, Any]:
-    """Each member's weighted sum of `values` `(N, B, ...)` and the sum of its weights, as
-    Keras's `Mean.update_state` adds them (`reduce_to_samplewise_values`); `weight` is one
-    member's, or with `per_member` every member's, stacked `(N, B, ...)`."""
-    weight = ops.cast(weight, "float32")
-    if not per_member:
-        weight = ops.broadcast_to(ops.expand_dims(weight, 0), (values.shape[0], *weight.shape))
-    rank = len(weight.shape)
-    if len(values.shape) > rank:
-        values = ops.mean(values, axis=tuple(range(rank, len(values.shape))))
-    weight = ops.broadcast_to(weight, ops.shape(values))
-    values = values * weight
-    if rank > 2:
-        weight = ops.mean(weight, axis=tuple(range(2, rank)))
-    if len(values.shape) > 2:
-        values = ops.mean(values, axis=tuple(range(2, len(values.shape))))
-    return ops.sum(values, axis=1), ops.sum(weight, axis=1)
 
 
 def _split(outputs: Any, n: int) -> list:
@@ -191,73 +75,10 @@ def _split(outputs: Any, n: int) -> list:
     return [tree.pack_sequence_as(outputs, [p[j] for p in pieces]) for j in range(n)]
 
 
-# The key of a fused group's stacked outputs in training, when its members have several
-# outputs and their losses are computed stacked (a dict: a pytree on every backend).
-_STACKED_OUTPUTS = "stacked_outputs"
-
-
-def _stacked_structure(y_pred: Any) -> Any:
-    """The stacked outputs in a member's output structure, leaves `(N, B, ...)`: from the
-    training call's stacked outputs, or from the per-member list (one stack per leaf)."""
-    if isinstance(y_pred, dict) and _STACKED_OUTPUTS in y_pred:
-        return y_pred[_STACKED_OUTPUTS]
-    if not isinstance(y_pred, list):  # one output, stacked already
-        return y_pred
-    return tree.map_structure(lambda *leaves: ops.stack(leaves), *y_pred)
-
-
 def _resolve(path: Any, value: Any) -> Any:
     for key in path:
         value = value[key]
     return value
-
-
-def _output_losses_stack(members: Sequence[keras.Model], compile_args: Sequence[dict]) -> bool:
-    """Whether members of several outputs compile losses of Keras's own only (each member
-    its own, and its own loss weights): their losses and loss trackers can then be computed
-    stacked, output by output, a call per distinct loss (`FusedEngine._stacked_output_losses`)."""
-    if any((data_lib.output_count(m) or 1) < 2 for m in members):
-        return False
-    return all(_keras_own_loss(args["loss"]) for args in compile_args)
-
-
-class _OutputLoss:
-    """One output's part of the members' compiled losses, computed stacked: its `path`
-    into the outputs, its loss `groups` (`_OneLoss`, a call each), every member's loss
-    weight (`weights`, a `(N,)` array; None where every member's is 1), and the name of
-    member 0's tracker of it (`<output>_loss`), or None."""
-
-    def __init__(self, path: Any, groups: list, weights: Any, tracker: str | None) -> None:
-        self.path = path
-        self.groups = groups
-        self.weights = weights
-        self.tracker = tracker
-
-
-def _output_losses(parts: list[list]) -> list[_OutputLoss] | None:
-    """The members' compiled losses (`loss_parts` of each member's `CompileLoss`, compiled
-    from Keras's own losses: `_output_losses_stack`) output by output, or None unless every
-    part is reduced to one number and the members' parts line up (paths, trackers). Members
-    of one loss (by configuration) form a group."""
-    first = parts[0]
-    if any(len(p) != len(first) for p in parts):
-        return None
-    found = []
-    for k, (path, _, _, tracker) in enumerate(first):
-        column = [p[k] for p in parts]
-        if any(tuple(c[0]) != tuple(path) or (c[3] is None) != (tracker is None) for c in column):
-            return None
-        by_key: dict[str, tuple[Any, list[int]]] = {}
-        for j, (_, fn, _, _) in enumerate(column):
-            if not isinstance(fn, keras.losses.Loss) or fn.reduction not in _SCALAR_REDUCTIONS:
-                return None
-            key = str(keras.saving.serialize_keras_object(fn))
-            by_key.setdefault(key, (fn, []))[1].append(j)
-        groups = [_OneLoss.of(fn, False, ids, len(parts)) for fn, ids in by_key.values()]
-        weights = [1.0 if c[2] is None else float(c[2]) for c in column]
-        vector = None if all(w == 1.0 for w in weights) else np.asarray(weights, "float32")
-        found.append(_OutputLoss(path, groups, vector, None if tracker is None else tracker.name))
-    return found
 
 
 _PER_MEMBER_LABELS = (
@@ -282,160 +103,6 @@ def _alike_arrays(arrays: list) -> bool:
 
 def _batch_size(x: Any) -> Any:
     return ops.shape(tree.flatten(x)[0])[0]
-
-
-def _loss_groups(
-    members: Sequence[keras.Model], compile_args: Sequence[dict]
-) -> list[_OneLoss] | None:
-    """The members' losses as groups each computed at once, or None.
-
-    That holds when every member has one output and no loss weights, and each member's loss
-    is one of Keras's own (grouped by configuration) or a loss object of the user's (grouped
-    by identity: one function or `Loss` instance compiled into several members), reduced to
-    one number: then one call per group on its stacked predictions gives its members'
-    losses, instead of N small loss computations in the step. Keras's own losses with the
-    default reduction are called once on the stacked predictions; every other loss (a
-    user's, another reduction) is called as Keras calls it for one model, `Loss.__call__`
-    with the sample weights, vectorized over the members (`keras.ops.vectorized_map`), so it
-    computes exactly what it computes for one model, one value per batch included.
-    """
-    if any(args.get("loss_weights") is not None for args in compile_args):
-        return None
-    if any(data_lib.output_count(m) != 1 for m in members):
-        return None
-    # The members of each loss, by a key naming it: (its spec, whether a user's, members).
-    by_key: dict[str, tuple[Any, bool, list[int]]] = {}
-    for j, args in enumerate(compile_args):
-        leaves = tree.flatten(args["loss"])
-        if len(leaves) != 1:
-            return None
-        spec = leaves[0]
-        if _keras_own_loss(spec):
-            key, users = f"keras {keras.saving.serialize_keras_object(spec)}", False
-        elif not isinstance(spec, str) and callable(spec):
-            key, users = f"user {id(spec)}", True
-        else:
-            return None
-        by_key.setdefault(key, (spec, users, []))[2].append(j)
-    groups = []
-    for spec, users, indices in by_key.values():
-        loss = spec if users else keras.losses.get(spec)
-        if not isinstance(loss, keras.losses.Loss):
-            loss = _upstream.loss_function_wrapper()(loss)
-        if getattr(loss, "reduction", None) not in _SCALAR_REDUCTIONS:
-            return None
-        groups.append(_OneLoss.of(loss, users, indices, len(compile_args)))
-    return groups
-
-
-# The reductions that make a loss one number, as Keras's `CompileLoss` sums it.
-_SCALAR_REDUCTIONS = ("sum_over_batch_size", "sum", "mean", "mean_with_sample_weight")
-
-
-class _OneLoss:
-    """A loss some members compile (`members`: their positions in the group, None for
-    all), and whether it is called once on their stacked predictions (Keras's own, the
-    default reduction) or as Keras calls it for one model, mapped over the members."""
-
-    def __init__(self, loss: keras.losses.Loss, mapped: bool, members: list[int] | None) -> None:
-        self.loss = loss
-        self.mapped = mapped
-        self.members = members
-        # False once this backend could not vectorize a mapped loss: it is then computed
-        # member by member.
-        self.stacked = True
-
-    @classmethod
-    def of(cls, loss: keras.losses.Loss, users: bool, members: list[int], n: int) -> _OneLoss:
-        """The group of `members` (of `n` in all) compiling `loss` (`users`: a user's):
-        mapped unless Keras's own of the default reduction."""
-        mapped = users or loss.reduction != "sum_over_batch_size"
-        return cls(loss, mapped, None if len(members) == n else members)
-
-
-def _grouped_losses(
-    groups: list[_OneLoss], y: Any, y_pred: Any, sample_weight: Any, per_member: bool
-) -> Any:
-    """Every member's loss, shape (N,), one `_stacked_losses` call per group on its
-    members' rows of the stacked predictions (and, `per_member`, of the stacked labels and
-    sample weights)."""
-    stacked = tree.flatten(_stacked_structure(y_pred))[0]
-    parts, order = [], []
-    for group in groups:
-        rows, labels, weights = stacked, y, sample_weight
-        if group.members is not None:
-            rows = ops.take(stacked, group.members, axis=0)
-            if per_member:
-                labels = ops.take(y, group.members, axis=0)
-                if weights is not None:
-                    weights = ops.take(weights, group.members, axis=0)
-        values = _stacked_losses(group.loss, labels, rows, weights, group.mapped, per_member)
-        if group.members is None:
-            return values
-        parts.append(values)
-        order.extend(group.members)
-    return ops.take(ops.concatenate(parts), np.argsort(order), axis=0)
-
-
-def _keras_own_loss(spec: Any) -> bool:
-    """Whether every loss in `spec` is Keras's own: a Keras loss function or `Loss` class,
-    or the name of one.
-
-    Those give one value per sample, and their configuration is all they compute with. A
-    user's function may reduce over the batch (on stacked predictions, over the members
-    too), and two of one name (closures over different constants) serialize alike.
-    """
-    wrapper = _upstream.loss_function_wrapper()
-    for leaf in tree.flatten(spec):
-        leaf = keras.losses.get(leaf) if isinstance(leaf, str) else leaf
-        if isinstance(leaf, keras.losses.Loss):
-            own = type(leaf) is not wrapper and _upstream.is_keras_builtin(type(leaf))
-        else:
-            own = getattr(leaf, "__module__", "").startswith("keras.")
-        if not own:
-            return False
-    return True
-
-
-def _stacked_losses(
-    fn: keras.losses.Loss,
-    y: Any,
-    y_pred: Any,
-    sample_weight: Any,
-    mapped: bool = False,
-    per_member: bool = False,
-) -> Any:
-    """Every member's loss, shape (N,), from one call on the stacked predictions.
-
-    With `mapped` (a user's loss, or another reduction) the loss is called as Keras's
-    `CompileLoss` calls it for one model (`fn(y, pred, sample_weight)`), vectorized over the
-    members; else `fn.call` on the stacked predictions, reduced per member over the batch.
-    `y` and `sample_weight` are one member's, shared, or with `per_member` every member's,
-    stacked `(N, B, ...)`.
-    """
-    stacked = tree.flatten(_stacked_structure(y_pred))[0]
-    y = tree.flatten(y)[0]
-    if mapped:
-        if not per_member:
-            values = ops.vectorized_map(lambda pred: fn(y, pred, sample_weight), stacked)
-        elif sample_weight is None:
-            values = ops.vectorized_map(lambda args: fn(*args), (y, stacked))
-        else:
-            values = ops.vectorized_map(lambda args: fn(*args), (y, stacked, sample_weight))
-        return ops.cast(values, "float32")
-    if not per_member:
-        y = ops.broadcast_to(ops.expand_dims(y, 0), (stacked.shape[0], *ops.shape(y)))
-    values = ops.cast(fn.call(y, stacked), "float32")
-    if sample_weight is not None:
-        weight = ops.cast(tree.flatten(sample_weight)[0], "float32")
-        rank = len(values.shape) if per_member else len(values.shape) - 1
-        while len(weight.shape) < rank:
-            weight = ops.expand_dims(weight, -1)
-        while len(weight.shape) > rank:
-            weight = ops.squeeze(weight, -1)
-        values = values * weight
-    axes = tuple(range(1, len(values.shape)))
-    return ops.sum(values, axis=axes) / ops.cast(ops.prod(ops.shape(values)[1:]), "float32")
 
 
 class FusedEngine(GradientEngine):
@@ -485,9 +152,9 @@ class FusedEngine(GradientEngine):
         # Each member's own name of each stacked loss tracker (`{output}_loss`: members'
         # outputs may be named differently), by member 0's.
         self._tracker_names: dict[str, list[str]] = {}
-        self._loss_groups: list[_OneLoss] | None = None
+        self._loss_groups: list[OneLoss] | None = None
         self._several_outputs_stack = False
-        self._output_parts: list[_OutputLoss] | None = None
+        self._output_parts: list[OutputLoss] | None = None
         self._losses_stacked = False
         # Whether the members' compiled metrics are computed column by column
         # (`_shared_metric_columns`): stacked where they can be (`metric_states`), the
@@ -517,8 +184,8 @@ class FusedEngine(GradientEngine):
         return result
 
     def configure(self, compile_args: Sequence[dict]) -> None:
-        self._loss_groups = _loss_groups(self.members, compile_args)
-        self._several_outputs_stack = self._loss_groups is None and _output_losses_stack(
+        self._loss_groups = loss_groups(self.members, compile_args)
+        self._several_outputs_stack = self._loss_groups is None and output_losses_stack(
             self.members, compile_args
         )
 
@@ -566,7 +233,7 @@ class FusedEngine(GradientEngine):
             # N slices stacked back together would cost N full-size gradient terms.
             return tree.flatten(outputs)[0]
         if training and self._losses_stacked:
-            return {_STACKED_OUTPUTS: outputs}
+            return {STACKED_OUTPUTS: outputs}
         return _split(outputs, len(self.members))
 
     def _own_rows(self, value: Any) -> Any:
@@ -600,8 +267,8 @@ class FusedEngine(GradientEngine):
         return data_lib.RowShards(y, n), weights
 
     def member_outputs(self, raw: Any) -> list:
-        if isinstance(raw, dict) and _STACKED_OUTPUTS in raw:
-            return _split(raw[_STACKED_OUTPUTS], len(self.members))
+        if isinstance(raw, dict) and STACKED_OUTPUTS in raw:
+            return _split(raw[STACKED_OUTPUTS], len(self.members))
         return raw if isinstance(raw, list) else _split(raw, len(self.members))
 
     # Loss and metrics --------------------------------------------------------------------
@@ -663,7 +330,7 @@ class FusedEngine(GradientEngine):
             if not shared:
                 labels, weights = self._stacked_targets(y, sample_weight)
             try:
-                return _grouped_losses(groups, labels, y_pred, weights, not shared)
+                return grouped_losses(groups, labels, y_pred, weights, not shared)
             except Exception as e:  # a loss this backend cannot vectorize
                 if not any(group.mapped for group in groups):
                     raise
@@ -686,7 +353,7 @@ class FusedEngine(GradientEngine):
         Keras's `CompileLoss` computes one member's: each output's loss (a call per distinct
         loss on its members' rows; its tracker updated, unweighted), times each member's
         loss weight, summed."""
-        outputs = _stacked_structure(y_pred)
+        outputs = stacked_structure(y_pred)
         labels = self._labels_like(y, outputs)
         batch = ops.cast(_batch_size(y), "float32")
         total = None
@@ -695,7 +362,7 @@ class FusedEngine(GradientEngine):
             if sample_weight is not None and tree.is_nested(sample_weight):
                 weights = _resolve(part.path, sample_weight)
             label, output = _resolve(part.path, labels), _resolve(part.path, outputs)
-            values = _grouped_losses(part.groups, label, output, weights, False)
+            values = grouped_losses(part.groups, label, output, weights, False)
             if part.tracker is not None:
                 self.tracker_states[part.tracker].update_state(
                     values, ops.ones_like(values) * batch
@@ -714,11 +381,11 @@ class FusedEngine(GradientEngine):
 
     def _stackable_loss_parts(self) -> bool:
         """Whether the members' built compiled losses compute as `_stacked_output_losses`
-        does (`_output_losses`); keeps their parts output by output if so."""
+        does (`output_losses`); keeps their parts output by output if so."""
         compiled = [_upstream.compile_loss(m) for m in self.members]
         if not self._several_outputs_stack or any(c is None or not c.built for c in compiled):
             return False
-        self._output_parts = _output_losses([_upstream.loss_parts(c) for c in compiled])
+        self._output_parts = output_losses([_upstream.loss_parts(c) for c in compiled])
         return self._output_parts is not None
 
     def loss(
@@ -870,7 +537,7 @@ class FusedEngine(GradientEngine):
     def _shared_metric_columns(self, y: Any) -> list | None:
         """Per metric, `(output, figure name, the members' metric objects, weighted,
         stacked)` when every member's compiled metrics can be computed column by column:
-        metrics and weighted metrics of the same names, output by output (`_alike_columns`);
+        metrics and weighted metrics of the same names, output by output (`alike_columns`);
         figures named as Keras's `CompileMetrics.result` names them."""
         if not self._labels_shared(y) and not self._labels_stack(y):
             return None
@@ -882,11 +549,11 @@ class FusedEngine(GradientEngine):
         columns: list = []
         names: dict[str, int] = {}
         for weighted in (False, True):
-            found = _alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
+            found = alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
             if found is None:
                 return None
             for output, output_name, metric, column, stacked in found:
-                figure = _figure_name(names, output_name, metric.name, weighted)
+                figure = figure_name(names, output_name, metric.name, weighted)
                 columns.append((output, figure, column, weighted, stacked))
         return columns
 
@@ -896,7 +563,7 @@ class FusedEngine(GradientEngine):
         if not columns:
             return
         compiled = compiled_metrics[0]
-        predictions = _upstream.flat_outputs(compiled, _stacked_structure(y_pred))
+        predictions = _upstream.flat_outputs(compiled, stacked_structure(y_pred))
         per_member = not self._labels_shared(y)
         if per_member:
             if not self._labels_stack(y, sample_weight):
@@ -945,7 +612,7 @@ class FusedEngine(GradientEngine):
                     ops.sum(values, axis=axes) / count, ops.ones((len(column),)) * count
                 )
             else:
-                state.add(*_weighted_sums(values, weight, per_member))
+                state.add(*weighted_sums(values, weight, per_member))
 
     def _metric_state(
         self, metric: keras.metrics.Metric, figure: str
@@ -1008,11 +675,11 @@ class FusedEngine(GradientEngine):
             labels = _upstream.flat_outputs(compiled[0], y)
         shapes = [tuple(t.shape) for t in tree.flatten(outputs)]
         for weighted in (False, True):
-            found = _alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
+            found = alike_columns([_upstream.metric_parts(c, weighted) for c in compiled])
             for output, _, metric, column, stacked in found or []:
                 if stacked or isinstance(metric, keras.metrics.MeanMetricWrapper):
                     continue
-                if not _alike(column) or output >= len(shapes):
+                if not metrics_alike(column) or output >= len(shapes):
                     continue
                 probe(column, labels[output], shapes[output], per_member, weighted)
 
@@ -1050,7 +717,7 @@ class FusedEngine(GradientEngine):
             )
         if self._own_columns:
             own = "; ".join(
-                f"{figure} ({_own_reason(column)})" for figure, column in self._own_columns
+                f"{figure} ({own_reason(column)})" for figure, column in self._own_columns
             )
             notes.append(f"metrics computed member by member: {own}")
         elif not self._metrics_stacked and any(
@@ -1065,7 +732,7 @@ class FusedEngine(GradientEngine):
     def figures(self) -> GroupFigures:
         """The stacked loss and shared metrics as they are (running means undivided);
         other metrics member by member."""
-        shared = {name: _undivided(state) for name, state in self.metric_states.items()}
+        shared = {name: undivided(state) for name, state in self.metric_states.items()}
         own: list[dict] = []
         for member in self.members:
             items = {}
