@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import keras
 import numpy as np
 
-from keras_gpushare.pack import _fit_args, _slots
+from keras_gpushare.pack import _slots
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack._loop import _fit_args
 from keras_gpushare.pack._status import ACTIVE, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.engines.base import Engine
 from keras_gpushare.pack.fusion import VectorizedOptimizer

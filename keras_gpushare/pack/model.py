@@ -11,38 +11,15 @@ import keras
 from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import (
-    _batch_calls,
-    _building,
-    _chief,
-    _compile_args,
-    _compile_policy,
-    _fit_args,
-    _logs,
-    _member_loss,
-    _optimizer_choice,
-    _replicas,
-    _saving,
-    planner,
-)
+from keras_gpushare.pack import _chief, _compiling, _loop, _replicas, planner
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack._backend import BACKEND
-from keras_gpushare.pack._gc_freeze import OldObjectsFrozen
-from keras_gpushare.pack._jit_policy import JitPolicy
 from keras_gpushare.pack._member_access import MemberAccess
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack._summary import member_params, member_places, pack_summary
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
 from keras_gpushare.pack.fusion import base as fusion_base
-
-if BACKEND.own_steps:
-    # The pack's steps on TensorFlow, as Keras mixes in its `TensorFlowTrainer`.
-    from keras_gpushare.pack._tf_steps import TensorFlowSteps
-
-    _BACKEND_STEPS: tuple[type, ...] = (TensorFlowSteps,)
-else:
-    _BACKEND_STEPS = ()
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +28,7 @@ _ON_NAN_VALUES = ("freeze", "ignore")
 
 
 @keras.saving.register_keras_serializable(package="keras_gpushare")
-class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[misc]  # (mypy: bases by backend)
+class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[misc]  # (mypy: bases by backend)
     """Trains N Keras models concurrently inside one `model.fit`.
 
     A `ModelPack` is a `keras.Model` whose training step trains every member: each member
@@ -133,10 +110,10 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         with fusion_base.slot_values(slot_mode):
             plan = planner.plan_engines(members, fuse, data, groups=groups, fused_shard=fused_shard)
         super().__init__(name=name, **kwargs)
-        self._members = _fit_args.Items(members)
+        self._members = _loop.Items(members)
         self._data_mode = data
         self._fuse = fuse
-        self._jit_policy: JitPolicy | None = None
+        self._jit_policy: _compiling.JitPolicy | None = None
         self._on_nan = on_nan
         self._fusion_report = plan
         self._options = EngineOptions(
@@ -166,7 +143,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         """Holds `engines` and tracks their Keras objects (weights, saving) as the pack's."""
         for layer in getattr(self, "_engine_layers", ()):
             _upstream.untrack_layer(self, layer)
-        self._engines = _fit_args.Items(engines)
+        self._engines = _loop.Items(engines)
         self._engine_layers = [obj for engine in engines for obj in engine.keras_objects()]
 
     @classmethod
@@ -345,7 +322,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
             auto_scale_loss: as in `keras.Model.compile` (mixed precision): each member
                 scales its own loss dynamically. Defaults to `True`.
         """
-        args = _compile_args.member_args(
+        args = _compiling.member_args(
             self._members,
             optimizer,
             loss,
@@ -379,10 +356,8 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         distributed = self._distributed()
         self._auto_steps = steps_per_execution == "auto"
         engines = list(self._engines)
-        resolved_steps = _compile_policy.steps_per_execution(
-            steps_per_execution, distributed, engines
-        )
-        resolved_jit, self._jit_policy = _compile_policy.jit_compile(
+        resolved_steps = _compiling.steps_per_execution(steps_per_execution, distributed, engines)
+        resolved_jit, self._jit_policy = _compiling.jit_compile(
             jit_compile, run_eagerly, distributed, engines
         )
         super().compile(
@@ -394,7 +369,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
             # Each member scales its own loss (see VectorizedOptimizer.attach_loss_scale).
             auto_scale_loss=False,
         )
-        self._loss_scale = _member_loss.attach_loss_scale(
+        self._loss_scale = _compiling.attach_loss_scale(
             self.optimizer, self._loss_scale, self.add_weight, len(self._members)
         )
         self._sync_member_mask()
@@ -409,12 +384,12 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
             self._build_member_state()
 
     def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
-        """The optimizer Keras sees (see `_optimizer_choice`), after moving the fused
-        members whose optimizers have no vectorized form to the graph engine."""
+        """The optimizer Keras sees (see `_compiling._optimizer_choice`), after moving the
+        fused members whose optimizers have no vectorized form to the graph engine."""
         unsupported = planner.optimizer_moves(self._engines, self._members, optimizers)
         if unsupported:
             self._set_engines(
-                _optimizer_choice.graph_fallback(
+                _compiling.graph_fallback(
                     self.name,
                     unsupported,
                     self._fuse,
@@ -426,7 +401,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
                     self._slot_values,
                 )
             )
-        return _optimizer_choice.pack_optimizer(
+        return _compiling.pack_optimizer(
             optimizers,
             self._gradient_engines,
             skip_nonfinite=self._on_nan == "freeze",
@@ -435,7 +410,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     def _distributed(self) -> bool:
         """Whether this pack trains under a `tf.distribute` strategy."""
-        return _compile_policy.distributed(self)
+        return _compiling.distributed(self)
 
     def get_compile_config(self) -> dict:
         if self._member_compile_args is None:
@@ -443,7 +418,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         return keras.saving.serialize_keras_object(self._member_compile_args)
 
     def compile_from_config(self, config: dict) -> None:
-        config = _saving.compile_arguments(
+        config = _compiling.compile_arguments(
             self._members, keras.saving.deserialize_keras_object(config)
         )
         self._compile_members(
@@ -457,7 +432,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
     def _build_member_state(self) -> None:
         """Creates the optimizer variables of the members that step themselves (of every
         member under a `tf.distribute` strategy), and the pack optimizer's."""
-        _building.build_optimizers(
+        _compiling.build_optimizers(
             list(self._members),
             self._members_building_optimizers(),
             self.optimizer,
@@ -475,7 +450,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     def _gradient_variables(self) -> list:
         """The trainable variables the pack's optimizer updates, in Keras's order."""
-        return _building.gradient_variables(
+        return _compiling.gradient_variables(
             self.trainable_variables, self._gradient_engines, self._loss_scale
         )
 
@@ -492,9 +467,9 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         """Builds the pack, and the state of `members` (positions; default all) and of
         the fused groups, from one batch of data."""
         if data_batch is None:
-            data_batch = _building.first_batch([self, *self._members], iterator)
+            data_batch = _compiling.first_batch([self, *self._members], iterator)
         if data_batch is not None:
-            _building.build_from_batch(
+            _compiling.build_from_batch(
                 data_batch,
                 list(self._members),
                 self._gradient_engines,
@@ -511,9 +486,9 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     def _check_labels(self, x: Any, y: Any) -> None:
         """Raises, naming the member, when a member cannot take the inputs or the labels."""
-        _fit_args.check_inputs(x, self._members, self._gradient_engines)
+        _loop.check_inputs(x, self._members, self._gradient_engines)
         self._options.output_counts = tuple(data_lib.output_count(m) for m in self._members)
-        _fit_args.check_labels(x, y, self._members, self._options.output_counts)
+        _loop.check_labels(x, y, self._members, self._options.output_counts)
 
     def evaluate(self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Evaluates every member on the whole data; same arguments as `keras.Model.evaluate`.
@@ -525,20 +500,20 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
             # Not the validation inside `fit`, whose labels `fit` checked.
             self._check_labels(x, y)
         return_dict = kwargs.pop("return_dict", False)
-        given = _fit_args.call_arguments("evaluate", x, y, args, kwargs)
+        given = _loop.call_arguments("evaluate", x, y, args, kwargs)
         counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
-        frozen = OldObjectsFrozen(self.test_function is None)
-        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
+        frozen = _loop.OldObjectsFrozen(self.test_function is None)
+        with frozen, _loop.steps_for(self, self._auto_steps, callbacks, counts):
             logs = super().evaluate(
                 x,
                 y,
                 *args,
                 return_dict=True,
-                callbacks=_fit_args.with_progress_bar(len(self._members), callbacks, verbose),
+                callbacks=_loop.with_progress_bar(len(self._members), callbacks, verbose),
                 **kwargs,
             )
-        return logs if return_dict else _fit_args.evaluate_values(logs, self.metrics_names)
+        return logs if return_dict else _loop.evaluate_values(logs, self.metrics_names)
 
     @property
     def metrics_names(self) -> list[str]:
@@ -549,16 +524,16 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
 
     def make_train_function(self, force: bool = False) -> Any:
         """Keras's training function, leaving a call whose data raises as plain `fit`
-        leaves it (see `_batch_calls.keeping_failed_steps`); on JAX a call of several
-        batches is one device loop (`_device_loop`)."""
+        leaves it (see `_loop._batch_calls`); on JAX a call of several batches is one
+        device loop (`_loop._device_loop`)."""
         fresh = force or self.train_function is None
         super().make_train_function(force)
         if fresh:
-            loop = _jax_device_loop(self, self.train_step, keep_failed=True)
+            loop = _loop.device_loop(self, self.train_step, keep_failed=True)
             if loop is not None:
                 function = loop
             else:
-                function = _batch_calls.keeping_failed_steps(self, self.train_function)
+                function = _loop.keeping_failed_steps(self, self.train_function)
             self.train_function: Any = self._returning_member_logs(function)
         return self.train_function
 
@@ -568,14 +543,14 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         fresh = force or self.test_function is None
         super().make_test_function(force)
         if fresh:
-            loop = _jax_device_loop(self, self.test_step, keep_failed=False)
+            loop = _loop.device_loop(self, self.test_step, keep_failed=False)
             function = self.test_function if loop is None else loop
             self.test_function: Any = self._returning_member_logs(function)
         return self.test_function
 
     def _returning_member_logs(self, function: Any) -> Any:
         """`function` with the step's stacked logs expanded where its call returns."""
-        return _logs.expanding(function, self._expanded, BACKEND.stateless_steps)
+        return _loop.expanding(function, self._expanded, BACKEND.stateless_steps)
 
     def train_step(self, *args: Any) -> Any:
         return _replicas.multi_worker_logs(super().train_step(*args))
@@ -598,12 +573,12 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         number of replicas under a `tf.distribute` strategy.
         """
         engines = self._gradient_engines
-        total, new_status = _member_loss.summed_loss(
+        total, new_status = _compiling.summed_loss(
             engines,
             self._engine_outputs(y_pred),
             (x, y, sample_weight),
             ops.convert_to_tensor(self._status),
-            _member_loss.loss_scales(self.optimizer, self._loss_scale) if training else None,
+            _compiling.loss_scales(self.optimizer, self._loss_scale) if training else None,
             training,
         )
         if training and engines:
@@ -617,13 +592,13 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         return self._logs()
 
     def _logs(self) -> dict:
-        """The step's logs, each group's figures stacked (see `_logs.step_logs`)."""
-        return _logs.step_logs([(engine.member_ids, engine.figures()) for engine in self._engines])
+        """The step's logs, each group's figures stacked (see `_loop._logs`)."""
+        return _loop.step_logs([(engine.member_ids, engine.figures()) for engine in self._engines])
 
     def _expanded(self, logs: dict) -> dict:
-        """The pack's `m{i}_` logs from the step's (see `_logs.expanded`)."""
+        """The pack's `m{i}_` logs from the step's (see `_loop._logs`)."""
         member_ids = [engine.member_ids for engine in self._engines]
-        return _logs.expanded(logs, member_ids, len(self._members))
+        return _loop.expanded(logs, member_ids, len(self._members))
 
     # Fit / predict -----------------------------------------------------------------------
 
@@ -645,25 +620,23 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         validation = kwargs.get("validation_data")
         if isinstance(validation, (list, tuple)) and len(validation) >= 2:
             self._check_labels(validation[0], validation[1])
-        given = _fit_args.call_arguments("fit", x, y, args, kwargs)
+        given = _loop.call_arguments("fit", x, y, args, kwargs)
         if self._data_mode == "shard":
             fused = any(engine.kind == "fused" for engine in self._engines)
-            _fit_args.check_shardable(x, len(self._members), given if fused else None)
+            _loop.check_shardable(x, len(self._members), given if fused else None)
         self._sync_member_mask()
         policy = () if self._jit_policy is None else self._jit_policy.callbacks()
-        callbacks = _fit_args.fit_callbacks(self, kwargs.pop("callbacks", None), policy)
-        counts = _fit_args.fit_step_counts(given)
-        frozen = OldObjectsFrozen(self.train_function is None)
+        callbacks = _loop.fit_callbacks(self, kwargs.pop("callbacks", None), policy)
+        counts = _loop.fit_step_counts(given)
+        frozen = _loop.OldObjectsFrozen(self.train_function is None)
         callbacks.append(frozen.callback())
         clash = _replicas.collective_clash_explained()
-        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts), clash:
+        with frozen, _loop.steps_for(self, self._auto_steps, callbacks, counts), clash:
             history = super().fit(
                 x,
                 y,
                 *args,
-                callbacks=_fit_args.with_progress_bar(
-                    len(self._members), callbacks, given["verbose"]
-                ),
+                callbacks=_loop.with_progress_bar(len(self._members), callbacks, given["verbose"]),
                 **kwargs,
             )
         if all(m.built for m in self._members):
@@ -683,19 +656,19 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         Returns:
             A list with member `i`'s predictions at index `i`, or a stacked array.
         """
-        _fit_args.check_inputs(x, self._members, self._gradient_engines)
-        given = _fit_args.call_arguments("predict", x, None, args, kwargs)
+        _loop.check_inputs(x, self._members, self._gradient_engines)
+        given = _loop.call_arguments("predict", x, None, args, kwargs)
         counts, verbose = [given["steps"]], given["verbose"]
         callbacks = kwargs.pop("callbacks", None)
-        frozen = OldObjectsFrozen(self.predict_function is None)
-        with frozen, _fit_args.steps_for(self, self._auto_steps, callbacks, counts):
+        frozen = _loop.OldObjectsFrozen(self.predict_function is None)
+        with frozen, _loop.steps_for(self, self._auto_steps, callbacks, counts):
             outputs = super().predict(
                 x,
                 *args,
-                callbacks=_fit_args.with_progress_bar(len(self._members), callbacks, verbose),
+                callbacks=_loop.with_progress_bar(len(self._members), callbacks, verbose),
                 **kwargs,
             )
-        return _fit_args.stacked_predictions(outputs) if stack else outputs
+        return _loop.stacked_predictions(outputs) if stack else outputs
 
     # Serialization -----------------------------------------------------------------------
 
@@ -705,7 +678,7 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
         Under `MultiWorkerMirroredStrategy` call it on every worker (as for any Keras model
         there): the chief writes `filepath`, the other workers write nothing that stays.
         """
-        _saving.check_saveable(self.name, self._engines)
+        _compiling.check_saveable(self.name, self._engines)
         with _chief.chief_path(self, filepath) as path:
             super().save(path, *args, **kwargs)
 
@@ -725,22 +698,11 @@ class ModelPack(*_BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignore[mis
             "on_nan": self._on_nan,
             "_slot_values": self._slot_values,
         }
-        return _saving.pack_config(
+        return _compiling.pack_config(
             self.name, self._members, options, self.engine, self._gradient_engines
         )
 
     @classmethod
     def from_config(cls, config: dict) -> ModelPack:
         # The saved weights have the saved plan's layout: rebuild exactly that plan.
-        return cls(**_saving.init_arguments(config))
-
-
-def _jax_device_loop(pack: ModelPack, step: Any, keep_failed: bool) -> Any:
-    """`_device_loop.function` for `pack` where it applies (JAX), else `None`."""
-    if not BACKEND.stateless_steps:
-        return None
-    from keras_gpushare.pack import _device_loop  # imports JAX
-
-    if not _device_loop.applies(pack):
-        return None
-    return _device_loop.function(pack, step, keep_failed)
+        return cls(**_compiling.init_arguments(config))

@@ -344,7 +344,7 @@ def test_an_epoch_only_logger_keeps_a_packs_batches_per_call():
     """With figures at epoch ends only, the logger shows no batch hook: a ModelPack still
     runs many batches per compiled call (a batch hook makes it one, which on an H200 made a
     pack of 64 members ten times slower); with `every=k` it acts on batches."""
-    from keras_gpushare.pack import _batch_calls
+    from keras_gpushare.pack._loop import _batch_calls
 
     assert _batch_calls.steps_per_call(16, [UtilizationLogger()], []) == 16
     assert _batch_calls.steps_per_call(16, [copy.deepcopy(UtilizationLogger())], []) == 16

@@ -144,7 +144,7 @@ def test_batches_of_varying_shapes_run_the_step_compiled_as_the_loops_body(compi
 def test_the_last_batch_options_are_xlas():
     import jax
 
-    from keras_gpushare.pack import _device_loop
+    from keras_gpushare.pack._loop import _device_loop
 
     # A release of XLA without the option refuses it here, as it would in a user's `fit`.
     square = jax.jit(lambda v: v * v, compiler_options=_device_loop.LAST_BATCH_OPTIONS)
@@ -154,7 +154,7 @@ def test_the_last_batch_options_are_xlas():
 def test_the_loop_holds_the_step_once_whatever_the_batches_per_call():
     import jax
 
-    from keras_gpushare.pack import _device_loop
+    from keras_gpushare.pack._loop import _device_loop
 
     x, y = _data()
     pack = kg.ModelPack([mlp(w, seed=s) for s, w in enumerate((4, 9))])

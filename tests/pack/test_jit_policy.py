@@ -11,9 +11,9 @@ import pytest
 from pack_builders import assert_weights_close, copy_model, mlp
 
 import keras_gpushare as kg
-from keras_gpushare.pack import _jit_policy
 from keras_gpushare.pack._backend import has_tensorflow_gpu
-from keras_gpushare.pack._jit_policy import (
+from keras_gpushare.pack._compiling import _jit_policy
+from keras_gpushare.pack._compiling._jit_policy import (
     OFF,
     PAYBACK,
     XLA,

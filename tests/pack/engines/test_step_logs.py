@@ -10,7 +10,7 @@ import numpy as np
 from keras import ops
 
 import keras_gpushare as kg
-from keras_gpushare.pack import _logs
+from keras_gpushare.pack._loop import _logs
 from keras_gpushare.pack.engines.base import GroupFigures, StackedRatio
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_gpushare.pack._member_callbacks import PerMember, named_member
+from keras_gpushare.pack._loop._member_callbacks import PerMember, named_member
 
 
 class MemberEarlyStopping(PerMember):

@@ -26,7 +26,7 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack._member_callbacks import member_logs, named_member
+from keras_gpushare.pack._loop._member_callbacks import member_logs, named_member
 
 # Keras's bar without figures: "16/16 ━━━━━━━━━━━━━━━━━━━━ 1s 20ms/step".
 _BAR_WIDTH = 40
@@ -66,7 +66,7 @@ class PackProgbar(keras.callbacks.ProgbarLogger):
     ```python
     import keras
     import numpy as np
-    from keras_gpushare.pack._progress import PackProgbar
+    from keras_gpushare.pack._loop._progress import PackProgbar
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(loss="mse")

@@ -127,7 +127,7 @@ class JitPolicy:
     import keras
     import numpy as np
 
-    from keras_gpushare.pack._jit_policy import JitPolicy
+    from keras_gpushare.pack._compiling._jit_policy import JitPolicy
 
     policy = JitPolicy.for_pack(supported=True)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])

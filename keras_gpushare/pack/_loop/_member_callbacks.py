@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack._pack_internals import PackInternals
+from keras_gpushare.pack._loop._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE, STATUS_NAMES
 from keras_gpushare.pack.members import is_pack
 

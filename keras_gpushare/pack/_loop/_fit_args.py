@@ -21,12 +21,13 @@ import numpy as np
 from keras import tree
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _batch_calls, _chief
+from keras_gpushare.pack import _chief
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack._backend import BACKEND
-from keras_gpushare.pack._member_callbacks import per_member_callbacks
-from keras_gpushare.pack._progress import PackProgbar
-from keras_gpushare.pack._watcher import StatusWatcher
+from keras_gpushare.pack._loop import _batch_calls
+from keras_gpushare.pack._loop._member_callbacks import per_member_callbacks
+from keras_gpushare.pack._loop._progress import PackProgbar
+from keras_gpushare.pack._loop._watcher import StatusWatcher
 
 
 def call_arguments(method: str, x: Any, y: Any, args: tuple, kwargs: dict) -> dict:

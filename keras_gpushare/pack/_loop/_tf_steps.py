@@ -20,7 +20,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack._pack_internals import PackInternals
+from keras_gpushare.pack._loop._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.fusion import VectorizedOptimizer
 

@@ -8,8 +8,8 @@ import warnings
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack._member_callbacks import metric_direction, named_member
-from keras_gpushare.pack._pack_internals import PackInternals
+from keras_gpushare.pack._loop._member_callbacks import metric_direction, named_member
+from keras_gpushare.pack._loop._pack_internals import PackInternals
 from keras_gpushare.pack._status import ACTIVE, FROZEN_NAN, STATUS_NAMES
 
 logger = logging.getLogger("keras_gpushare.pack")

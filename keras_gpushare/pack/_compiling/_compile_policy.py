@@ -14,7 +14,7 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._backend import BACKEND
-from keras_gpushare.pack._jit_policy import JitPolicy
+from keras_gpushare.pack._compiling._jit_policy import JitPolicy
 from keras_gpushare.pack.engines.base import Engine, GradientEngine, SteppingEngine
 
 

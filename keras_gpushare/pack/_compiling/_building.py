@@ -14,9 +14,9 @@ from typing import Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _fit_args
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
+from keras_gpushare.pack._loop import _fit_args
 from keras_gpushare.pack.engines.base import GradientEngine
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from keras_gpushare.pack import _compile_args
+from keras_gpushare.pack._compiling import _compile_args
 from keras_gpushare.pack.engines.base import Engine, GradientEngine
 
 

@@ -17,7 +17,7 @@ import keras
 
 from keras_gpushare.pack import planner
 from keras_gpushare.pack._backend import BACKEND
-from keras_gpushare.pack._optimizers import MemberOptimizers
+from keras_gpushare.pack._compiling._optimizers import MemberOptimizers
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
 from keras_gpushare.pack.fusion import base as fusion_base

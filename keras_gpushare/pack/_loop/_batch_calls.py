@@ -111,7 +111,7 @@ def keeping_failed_steps(model: keras.Model, function: Callable[..., Any]) -> Ca
     if BACKEND.failed_step_counted:
         import tensorflow as tf
 
-        from keras_gpushare.pack import _tf_steps
+        from keras_gpushare.pack._loop import _tf_steps
 
         def train_function(iterator: Any) -> Any:
             try:
@@ -122,6 +122,17 @@ def keeping_failed_steps(model: keras.Model, function: Callable[..., Any]) -> Ca
 
         return train_function
     return function
+
+
+def device_loop(model: keras.Model, step: Any, keep_failed: bool) -> Any:
+    """`_device_loop.function` for `model` where it applies (JAX), else `None`."""
+    if not BACKEND.stateless_steps:
+        return None
+    from keras_gpushare.pack._loop import _device_loop  # imports JAX
+
+    if not _device_loop.applies(model):
+        return None
+    return _device_loop.function(model, step, keep_failed)
 
 
 def _jax_keeping_steps(model: keras.Model, function: Callable[..., Any]) -> Callable[..., Any]:
