@@ -17,6 +17,7 @@ still exists with the arguments the override takes.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from types import ModuleType
@@ -226,6 +227,50 @@ def set_tf_seed_state(state: tuple[Any, Any]) -> None:
     rng = random.Random()
     rng.setstate(rng_state)
     ctx._rng = rng
+
+
+def keras_global_state() -> dict[str, Any]:
+    """Keras's global state (`keras.src.backend.common.global_state`: the counters that
+    name layers, the global `SeedGenerator` and its state, the global seed), as a copy
+    that `set_keras_global_state` puts back: what building a model changes there is undone."""
+    from keras.src.backend.common import global_state
+
+    attributes = dict(vars(global_state.GLOBAL_STATE_TRACKER))
+    copies = {
+        name: copy.copy(value) if isinstance(value, dict) else value
+        for name, value in attributes.items()
+    }
+    generator = attributes.get("global_seed_generator")
+    seed = None if generator is None else keras.ops.convert_to_numpy(generator.state.value)
+    return {"attributes": copies, "generator": generator, "seed_state": seed}
+
+
+def set_keras_global_state(state: dict[str, Any]) -> None:
+    """Puts back what `keras_global_state` read."""
+    from keras.src.backend.common import global_state
+
+    tracker = vars(global_state.GLOBAL_STATE_TRACKER)
+    tracker.clear()
+    tracker.update(
+        {k: copy.copy(v) if isinstance(v, dict) else v for k, v in state["attributes"].items()}
+    )
+    if state["generator"] is not None:
+        state["generator"].state.assign(state["seed_state"])
+
+
+def tf_global_generator() -> Any:
+    """TensorFlow's global `tf.random.Generator` (`stateful_random_ops.global_generator`),
+    or `None` before `tf.random.get_global_generator()` made one."""
+    from tensorflow.python.ops import stateful_random_ops
+
+    return stateful_random_ops.global_generator
+
+
+def set_tf_global_generator(generator: Any) -> None:
+    """Makes `generator` (or `None`: none yet) TensorFlow's global generator."""
+    from tensorflow.python.ops import stateful_random_ops
+
+    stateful_random_ops.global_generator = generator
 
 
 def epoch_iterator_element_spec(iterator: Any) -> Any:

@@ -365,6 +365,35 @@ def test_tf_seed_state_round_trips_the_seeds_of_eager_random_ops():
     np.testing.assert_array_equal(tf.random.uniform((3,)).numpy(), first)
 
 
+@covers("keras_global_state", "set_keras_global_state")
+def test_keras_global_state_round_trips_layer_names_and_the_global_seed_generator():
+    keras.utils.set_random_seed(3)
+    keras.layers.Dense(2)
+    keras.random.uniform((2,))
+    state = _upstream.keras_global_state()
+    name = keras.layers.Dense(2).name
+    first = keras.ops.convert_to_numpy(keras.random.uniform((2,)))
+    _upstream.set_keras_global_state(state)
+    keras.layers.Dense(2)
+    keras.utils.set_random_seed(4)
+    _upstream.set_keras_global_state(state)
+    assert keras.layers.Dense(2).name == name
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(keras.random.uniform((2,))), first)
+
+
+@covers("tf_global_generator", "set_tf_global_generator")
+def test_tf_global_generator_is_read_and_replaced():
+    pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
+    generator = tf.random.get_global_generator()
+    assert _upstream.tf_global_generator() is generator
+    _upstream.set_tf_global_generator(None)
+    assert _upstream.tf_global_generator() is None
+    _upstream.set_tf_global_generator(generator)
+    assert tf.random.get_global_generator() is generator
+
+
 @covers("epoch_iterator_element_spec")
 def test_epoch_iterator_element_spec_describes_the_batches_of_a_tensorflow_iterator():
     from keras.src.trainers.epoch_iterator import EpochIterator

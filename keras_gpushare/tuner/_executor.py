@@ -79,6 +79,8 @@ class TrialCalls:
         build_state: `build_state(model)`: what the build of `model` left of the random
             generators (a `_data_orders.BuildState`), None when not known.
         ledger: where the executor records the programs it compiles and what they compute.
+        space: `space()`: a copy of the oracle's search space (`oracle.get_space()`), from
+            which the slots executor plans its programs; `None` when not known.
     """
 
     objective: Any
@@ -98,6 +100,7 @@ class TrialCalls:
     epoch_end_hook: bool
     build_state: Callable[[keras.Model], Any] = lambda model: None
     ledger: SearchLedger = field(default_factory=SearchLedger)
+    space: Callable[[], Any] = lambda: None
 
 
 class NextTrials(Protocol):

@@ -267,23 +267,23 @@ def _by_length(runs: list[TrialRun], fit_kwargs: dict) -> list[list[TrialRun]]:
     return list(by_length.values())
 
 
-def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
+def _compile_args(models: list[keras.Model], batch_hooks: bool) -> dict:
+    """`compile` arguments of a pack of `models` (trials' models, or probe builds)."""
     configs = []
-    for run in runs:
-        if not run.model.compiled:
+    for model in models:
+        if not model.compiled:
             raise ValueError(
-                f"The hypermodel returned an uncompiled model for trial {run.trial.trial_id}. "
-                "Compile it in the build function, or pass `optimizer=` and `loss=` to "
-                "ParallelTuner."
+                f"The hypermodel returned an uncompiled model (`{model.name}`). Compile it in "
+                "the build function, or pass `optimizer=` and `loss=` to ParallelTuner."
             )
         # The objects the trial's model was compiled with (a loss function or metric class
         # needs no registration, as in KerasTuner), with an optimizer of its own for the pack.
-        config = _upstream.compile_arguments(run.model)
+        config = _upstream.compile_arguments(model)
         config["optimizer"] = keras.optimizers.deserialize(
-            keras.optimizers.serialize(run.model.optimizer)
+            keras.optimizers.serialize(model.optimizer)
         )
         configs.append(config)
-    single = len(runs) == 1
+    single = len(models) == 1
 
     def per_member(key: str) -> Any:
         values = [config.get(key) for config in configs]
@@ -295,7 +295,7 @@ def _compile_args(runs: list[TrialRun], batch_hooks: bool) -> dict:
     # Compile the pack with XLA when the trials' own models would have been (Keras resolves
     # `jit_compile="auto"` per model: on with a GPU, off on CPUs, where XLA's compile time
     # outweighs its gain for trials of a few epochs).
-    jit = {bool(run.model.jit_compile) for run in runs}
+    jit = {bool(model.jit_compile) for model in models}
     args = {
         "jit_compile": jit.pop() if len(jit) == 1 else "auto",
         "optimizer": per_member("optimizer"),
@@ -349,7 +349,7 @@ def _fit_group(
         # scoring (best finite epoch, or INVALID) sees the same history.
         pack = ModelPack([run.model for run in runs], fuse=calls.fuse, on_nan="ignore", **data_mode)
         batch_hooks = calls.batch_hooks or implements_batch_hooks(callbacks)
-        pack.compile(**_compile_args(runs, batch_hooks))
+        pack.compile(**_compile_args([run.model for run in runs], batch_hooks))
         calls.ledger.compiled(pack, [run.model for run in runs], slot_values=False)
         kwargs["epochs"] = max(run.last_epoch for run in runs)
         hooks = PackTrialsWithBatches if batch_hooks else PackTrials

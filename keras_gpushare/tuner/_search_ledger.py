@@ -52,6 +52,8 @@ class SearchLedger:
     def reset(self) -> None:
         """Forgets what an earlier search recorded."""
         self.programs = 0
+        self.probes = 0
+        self.probe_seconds = 0.0
         self.loaded = 0
         self.alone = 0
         self.computed = 0.0
@@ -64,6 +66,11 @@ class SearchLedger:
         """Notes the FLOPs of the model trial `trial_id` built."""
         if trial_id not in self._own:
             self._own[trial_id] = own_flops(model)
+
+    def probed(self, builds: int, seconds: float) -> None:
+        """`builds` probe builds of the hypermodel took `seconds` (`_space_plan`)."""
+        self.probes += builds
+        self.probe_seconds += seconds
 
     def compiled(self, pack: ModelPack, members: list, slot_values: bool) -> None:
         """A program (or a round's pack) was built for `members` and compiled."""
@@ -88,6 +95,11 @@ class SearchLedger:
             f"Search: {_count(len(self._own), 'trial')} built, "
             f"{_count(self.programs, 'program')} compiled"
         )
+        if self.probes:
+            line += (
+                f" (planned from {_count(self.probes, 'probe build')} of the space, "
+                f"{self.probe_seconds:.1f} s)"
+            )
         if self.loaded:
             line += f", {_count(self.loaded, 'trial execution')} loaded into freed slots"
         if self.alone:

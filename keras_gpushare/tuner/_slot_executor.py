@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.pack.fusion.report import inspect_members
 from keras_gpushare.tuner._data_orders import (
     DealOrders,
     DealtBatches,
@@ -45,10 +46,14 @@ from keras_gpushare.tuner._pack_executor import (
     _start_epoch,
 )
 from keras_gpushare.tuner._search_ledger import EpochCounter
+from keras_gpushare.tuner._space_plan import SpacePlan, probe
 from keras_gpushare.tuner._trial_callbacks import TrialRun, implements_batch_hooks
 from keras_gpushare.tuner._update_payback import expected_steps, fuse_update_pays
 
 logger = logging.getLogger("keras_gpushare.tuner")
+
+# `SlotExecutor._plan` before the space was probed.
+_NOT_PLANNED: Any = object()
 
 # Programs kept with every slot free, for trials to come; the oldest go first beyond this.
 MAX_IDLE_PROGRAMS = 2
@@ -66,17 +71,25 @@ class _Program:
         batch_key: str,
         batch_hooks: bool,
         dealt: tuple[DealtBatches, dict] | None = None,
+        planned: str | None = None,
     ) -> None:
         self.number = number
         self.pack = pack
         self.batch_key = batch_key
         self.slots: list[TrialRun | None] = list(runs)
         self.batch_hooks = batch_hooks
-        self.opened_for = ", ".join(dict.fromkeys(run.trial.trial_id for run in runs))
+        # Why it was opened: for trials `opened_for`, or `planned` from the search space.
+        self.opened_for = ", ".join(dict.fromkeys(run.trial.trial_id for run in runs if run))
+        self.planned = planned
         # Where each slot trains on its own trial's data order: the program's batches, its
         # `fit` arguments, and each slot's `TrialOrder`.
         self.dealt = dealt
         self.orders: list[TrialOrder | None] = [None] * len(runs)
+
+    @property
+    def compiled_for(self) -> str:
+        """What the program was compiled for, for the trials' paths."""
+        return self.planned or f"compiled for trials {self.opened_for}"
 
     @property
     def active(self) -> list[int]:
@@ -163,6 +176,7 @@ class SlotExecutor(PackExecutor):
         self._free = deque(range(feed.slots))
         self._over = False
         self._stopped_by: Exception | None = None
+        self._plan: SpacePlan | None = _NOT_PLANNED
         keras.backend.clear_session()
         while True:
             new = self._ask()
@@ -288,9 +302,9 @@ class SlotExecutor(PackExecutor):
             )
         return self._takes[run]
 
-    def _load(self, run: TrialRun, programs: list[_Program]) -> bool:
+    def _load(self, run: TrialRun, programs: list[_Program], opening: bool = False) -> bool:
         """Loads `run` into a free slot of one of `programs` of its batch size; whether one
-        took it."""
+        took it. `opening`: the program opens now (planned from the space), no slot freed."""
         batch_size = repr(_batch_size(run, self._fit_kwargs))
         for program in programs:
             if program.batch_key != batch_size:
@@ -305,73 +319,143 @@ class SlotExecutor(PackExecutor):
             else:
                 self._orders.joins(run, program.runs)
             program.pack.load_member(index, run.model)
-            self.calls.ledger.loaded += 1
             program.slots[index] = run
             self._begin(program, index, run)
-            why = (
-                f"loaded into slot {index} of program {program.number} (compiled for trials "
-                f"{program.opened_for}) when a slot freed, with no new trace"
-            )
+            if opening:
+                why = f"opened program {program.number}, {program.compiled_for}"
+            else:
+                self.calls.ledger.loaded += 1
+                why = (
+                    f"loaded into slot {index} of program {program.number} "
+                    f"({program.compiled_for}) when a slot freed, with no new trace"
+                )
             self._paths[run.trial.trial_id] = _path(program, index, why)
             return True
         return False
 
     def _open(self, runs: list[TrialRun], not_taken: dict[str, str]) -> None:
-        """A new program for `runs`; runs alone (KerasTuner's code) the trials it cannot take.
-        `not_taken`: why the open programs took none of them, by trial id."""
+        """A new program for `runs` (first the program planned from the space, where none of
+        their batch size is open and it takes some of them); runs alone (KerasTuner's code)
+        the trials no program can take. `not_taken`: why the open programs took none of
+        them, by trial id."""
+        runs = self._open_planned(runs, not_taken)
+        while runs:
+            try:
+                program = self._new_program([run.model for run in runs], runs)
+            except Exception as e:
+                runs = self._split(runs, e)
+                continue
+            for index, run in enumerate(runs):
+                self._begin(program, index, run)
+                why = (
+                    f"opened program {program.number} with trials {program.opened_for} "
+                    f"({not_taken.get(run.trial.trial_id, 'no program was open')})"
+                )
+                self._paths[run.trial.trial_id] = _path(program, index, why)
+            return
+
+    def _split(self, runs: list[TrialRun], error: Exception) -> list[TrialRun]:
+        """After a program for `runs` could not be built (`error`): the trials whose models
+        do not fuse train alone, each saying why, and the others are returned to share a
+        program; when none or all of them are to blame, all train alone."""
+        alone = {}
+        for run in runs:
+            report, plan = inspect_members([run.model])
+            if plan is None and report.problems:
+                alone.setdefault(run.trial.trial_id, "; ".join(report.problems))
+        rest = [run for run in runs if run.trial.trial_id not in alone]
+        if not alone or not rest:
+            alone = {
+                run.trial.trial_id: _in_trials(_error_line(error), runs).rstrip(".") for run in runs
+            }
+            rest = []
+        for trial_id, problem in alone.items():
+            self._runs_of.pop(trial_id, None)
+            why = (
+                "it trains alone, with KerasTuner's code, as a program for it could not "
+                f"be built: {problem}"
+            )
+            self._alone[trial_id] = {"path": "alone", "why": why}
+        return rest
+
+    def _open_planned(self, runs: list[TrialRun], not_taken: dict[str, str]) -> list[TrialRun]:
+        """Opens the program planned from the space for `runs`' batch size, unless one is
+        open (or there is no plan), and loads into it those of `runs` that fit; returns the
+        others, with why it did not take them in `not_taken`."""
+        batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
+        if any(p.planned and p.batch_key == batch_key for p in self._programs):
+            return runs
+        plan = self._space_plan()
+        if plan is None:
+            return runs
+        try:
+            program = self._new_program(plan.models, runs, plan=plan)
+        except Exception as e:
+            logger.warning("The program planned from the space could not be built: %s", e)
+            self._plan = None
+            return runs
+        for index in range(len(program.slots)):
+            program.pack.stop_member(index)
+        rest = [run for run in runs if not self._load(run, [program], opening=True)]
+        for run in rest:
+            not_taken[run.trial.trial_id] = self._not_taken(run)
+        return rest
+
+    def _space_plan(self) -> SpacePlan | None:
+        """The probe models of the program planned from the space (`_space_plan`), made at
+        the first call; `None` where there is no plan (no space, or nothing fuses)."""
+        if self._plan is _NOT_PLANNED:
+            self._plan = None
+            space = self.calls.space()
+            if space is not None and self.calls.fuse is not False and self._feed.slots > 1:
+                self._plan = probe(space, self.calls.build_model, self._feed.slots)
+                if self._plan is not None:
+                    self.calls.ledger.probed(self._plan.builds, self._plan.seconds)
+        return self._plan
+
+    def _new_program(
+        self, models: list[keras.Model], runs: list[TrialRun], plan: SpacePlan | None = None
+    ) -> _Program:
+        """Builds and compiles a program whose slots hold `models` (`runs`' models, or the
+        probe models of `plan`), for `runs` and the trials to come."""
         callbacks = [cb for run in runs for cb in run.callbacks]
         batch_hooks = self.calls.batch_hooks or implements_batch_hooks(callbacks)
         dealt = None
         data_mode: dict[str, Any] = {}
-        orders: list[TrialOrder | None] = [None] * len(runs)
         if self._orders.deals(runs, program=True):
             batch_size = _batch_size(runs[0], self._fit_kwargs)
-            dealt = dealt_arguments(self._fit_args, self._fit_kwargs, batch_size, len(runs))
-            orders = [trial_order(run, dealt, self._fit_kwargs, run.next_epoch) for run in runs]
+            dealt = dealt_arguments(self._fit_args, self._fit_kwargs, batch_size, len(models))
             data_mode = {"data": "shard", "_fused_shard": True}
-        try:
-            pack = ModelPack(
-                [run.model for run in runs],
-                fuse=self.calls.fuse,
-                on_nan="ignore",
-                _slot_values=True,
-                **data_mode,
-            )
-            pack.compile(**_compile_args(runs, batch_hooks))
-            self.calls.ledger.compiled(pack, [run.model for run in runs], slot_values=True)
-        except Exception as e:
-            for trial_id in dict.fromkeys(run.trial.trial_id for run in runs):
-                self._runs_of.pop(trial_id, None)
-                why = (
-                    "it trains alone, with KerasTuner's code, as a program for it could not "
-                    f"be built: {_in_trials(_error_line(e), runs)}"
-                )
-                self._alone[trial_id] = {"path": "alone", "why": why}
-            return
+        pack = ModelPack(
+            models, fuse=self.calls.fuse, on_nan="ignore", _slot_values=True, **data_mode
+        )
+        pack.compile(**_compile_args(models, batch_hooks))
+        self.calls.ledger.compiled(pack, models, slot_values=True)
         fused = self._fuse_update(pack, runs)
         batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
-        program = _Program(next(self._numbers), pack, runs, batch_key, batch_hooks, dealt)
-        program.orders = orders
+        slots = [None] * len(models) if plan else runs
+        planned = None
+        if plan is not None:
+            planned = plan.why(len(pack.engine_plan.groups))
+        program = _Program(next(self._numbers), pack, slots, batch_key, batch_hooks, dealt, planned)
+        if dealt is not None and plan is None:
+            program.orders = [
+                trial_order(run, dealt, self._fit_kwargs, run.next_epoch) for run in runs
+            ]
         idle = [p for p in self._programs if not p.active]
         for old in idle[: max(0, len(idle) + 1 - MAX_IDLE_PROGRAMS)]:
             self._programs.remove(old)
         self._programs.append(program)
         logger.info(
-            "Program %d: trials %s in %d slots (%s engine)%s%s.",
+            "Program %d: %s, in %d slots (%s engine)%s%s.",
             program.number,
-            program.opened_for,
-            len(runs),
+            planned or f"trials {program.opened_for}",
+            len(models),
             pack.engine,
             "; its optimizer update compiled with XLA" if fused else "",
             "; each slot on its own trial's data order" if dealt else "",
         )
-        for index, run in enumerate(runs):
-            self._begin(program, index, run)
-            why = (
-                f"opened program {program.number} with trials {program.opened_for} "
-                f"({not_taken.get(run.trial.trial_id, 'no program was open')})"
-            )
-            self._paths[run.trial.trial_id] = _path(program, index, why)
+        return program
 
     def _fuse_update(self, pack: ModelPack, runs: list[TrialRun]) -> bool:
         """Sets the program's optimizer to compile its update with XLA where the search's

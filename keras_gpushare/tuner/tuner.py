@@ -294,10 +294,17 @@ class ParallelTuner(keras_tuner.Tuner):
             save_build_config=self._save_build_config,
             build_state=self._build_states.get,
             ledger=self._ledger,
+            space=self._space,
             batch_hooks=any(_overrides(type(self), n) for n in hooks[2:]),
             epoch_end_hook=_overrides(type(self), "on_epoch_end") is not None,
             **{name: self._hook(name) for name in hooks},
         )
+
+    def _space(self) -> Any:
+        """A copy of the oracle's search space, or `None` where this oracle (a remote
+        chief's client) has none to give."""
+        get_space = getattr(self.oracle, "get_space", None)
+        return None if get_space is None else get_space()
 
     def _hook(self, name: str) -> Any:
         """Calls this tuner's hook `name` as it is when called (an instance may replace it)."""

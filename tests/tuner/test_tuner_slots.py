@@ -111,21 +111,27 @@ def _deeper(hp) -> keras.Model:
     return build(hp, depth=2)
 
 
-def _deepest(hp) -> keras.Model:
-    return build(hp, depth=3)
+def _deeper_at_high_rates(hp) -> keras.Model:
+    """Three hidden layers where the learning rate is above 0.01, else one: a depth that no
+    probe of the space builds (probes leave rates at their default, 1e-3), so the program
+    planned from the space does not take those trials."""
+    lr = hp.Float("lr", 1e-3, 1e-1, sampling="log")
+    units = hp.Choice("units", [2, 4, 8])
+    keras.utils.set_random_seed(units)
+    hidden = [keras.layers.Dense(units, activation="relu") for _ in range(3 if lr > 0.01 else 1)]
+    model = keras.Sequential([keras.Input((6,)), *hidden, keras.layers.Dense(1, "sigmoid")])
+    model.compile(keras.optimizers.SGD(lr), "binary_crossentropy", metrics=["accuracy"])
+    return model
 
 
 def test_a_trial_that_fits_no_slot_opens_a_program_and_still_matches(tmp_path):
-    # With seed 1 the first three trials have one or two hidden layers, the next three
-    # three: deeper than any slot of the first program.
-    reference = _search(tmp_path, "kt", max_trials=6, hypermodel=_deepest, seed=1)
-    tuner = _search(tmp_path, "slots", max_trials=6, hypermodel=_deepest, seed=1)
+    reference = _search(tmp_path, "kt", max_trials=6, hypermodel=_deeper_at_high_rates, seed=1)
+    tuner = _search(tmp_path, "slots", max_trials=6, hypermodel=_deeper_at_high_rates, seed=1)
     assert_same_trials(reference, tuner)
     paths = tuner.trial_paths()
-    depths = {i: t.hyperparameters.get("layers") for i, t in tuner.oracle.trials.items()}
-    first = [i for i in paths if paths[i]["program"] == "0"]
-    deeper = [i for i in paths if depths[i] > max(depths[j] for j in first)]
-    assert deeper, (depths, paths)
+    rates = {i: t.hyperparameters.get("lr") for i, t in tuner.oracle.trials.items()}
+    deeper = [i for i in paths if rates[i] > 0.01]
+    assert deeper and len(deeper) < len(paths), (rates, paths)
     assert all(paths[i]["program"] != "0" for i in deeper), paths
     # The path says why the open program did not take the trial.
     opener = next(i for i in deeper if paths[i]["why"].startswith("opened program"))
