@@ -55,7 +55,24 @@ def build_getting_started(hp: keras_tuner.HyperParameters) -> keras.Model:
     return model
 
 
-SPACES = {"small": build, "getting-started": build_getting_started}
+def build_depths(hp: keras_tuner.HyperParameters) -> keras.Model:
+    """Issue 58's space: 1-3 Dense layers of 16-128 units (step 16), relu or tanh, Adam or
+    SGD with momentum 0.9, a log learning rate; 20 features in, one sigmoid unit out."""
+    model = keras.Sequential([keras.Input((FEATURES,))])
+    for i in range(hp.Int("layers", 1, 3)):
+        units = hp.Int(f"units_{i}", 16, 128, step=16)
+        model.add(keras.layers.Dense(units, activation=hp.Choice("activation", ["relu", "tanh"])))
+    model.add(keras.layers.Dense(1, activation="sigmoid"))
+    lr = hp.Float("lr", 1e-4, 1e-2, sampling="log")
+    if hp.Choice("optimizer", ["adam", "sgd"]) == "adam":
+        optimizer = keras.optimizers.Adam(lr)
+    else:
+        optimizer = keras.optimizers.SGD(lr, momentum=0.9)
+    model.compile(optimizer, loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+SPACES = {"small": build, "getting-started": build_getting_started, "depths": build_depths}
 
 
 def make_data(samples: int, space: str) -> tuple:

@@ -6,18 +6,22 @@ KerasTuner one trial after the other; ParallelTuner with executor="pack" at K=4,
 per pack; with executor="slots" at K=8, 16 slots (`--slots`); with executor="processes" and
 2 workers; with `--devices 1,2`, one and two device workers (`ParallelTuner(devices=...)`:
 GPUs, or CPU workers on a machine without GPUs), each `--device-trials` trials at a time.
-Two search spaces:
+Three search spaces:
 
 - `small` (default): one hidden layer of 32/64/128 units, dropout rate, log learning rate.
+- `depths`: issue 58's space on the `small` data: 1-3 layers of 16-128 units (step 16),
+  relu or tanh, Adam or SGD with momentum, log learning rate.
 - `getting-started`: KerasTuner's getting-started space on MNIST-shaped synthetic data
   (flatten, 1-3 layers of 32-256 units step 32, relu or tanh, dropout on or off, softmax over
   10 classes, log learning rate, Adam or SGD): trials differ in widths, depth, activation and
   optimizer family, which the pack fuses with padding.
 
-Both live in benchmarks/_tuner_spaces.py, which gpu_table.py imports too (without TensorFlow).
+They live in benchmarks/_tuner_spaces.py, which gpu_table.py imports too (without TensorFlow).
 
 Prints wall time, the ratio of plain KerasTuner's time to each method's (same run), the
-best and worst trial scores, and for pack methods the engines the packs trained on.
+best and worst trial scores, and for pack methods the engines the packs trained on and
+the search's own log line (programs compiled, probe builds of the space and their seconds,
+the share of the FLOPs that trained no trial).
 
 With `--bound`, each pack and slots method also prints where its time went, from timings of
 every pack it trained (`ModelPack()`, `compile`, and `fit` epoch by epoch, read through a
@@ -68,8 +72,11 @@ class _Engines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.engines: collections.Counter = collections.Counter()
+        self.summary = ""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Search:"):
+            self.summary = record.getMessage()
         match = re.search(
             r"(?:one pack of|in) (\d+) (?:models|slots) \((\w+) engine\)", record.getMessage()
         )
@@ -311,6 +318,7 @@ def main() -> None:
     try:
         for method, k in methods:
             engines.engines.clear()
+            engines.summary = ""
             packs: list = []
             timed = args.bound and method in ("pack", "slots")
             with _timed_packs(packs) if timed else contextlib.nullcontext():
@@ -326,6 +334,8 @@ def main() -> None:
                 f"{min(scores):>9.4f}{max(scores):>9.4f}{len(scores):>8}  {used}",
                 flush=True,
             )
+            if engines.summary:
+                print(f"{'':<22}{engines.summary}", flush=True)
             if packs:
                 word = "program" if method == "slots" else "pack"
                 print(_where_time_went(packs, seconds, baseline, word), flush=True)

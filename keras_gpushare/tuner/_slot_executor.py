@@ -23,7 +23,6 @@ import keras
 import numpy as np
 
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.pack.fusion.report import inspect_members
 from keras_gpushare.tuner._data_orders import (
     DealOrders,
     DealtBatches,
@@ -46,7 +45,7 @@ from keras_gpushare.tuner._pack_executor import (
     _start_epoch,
 )
 from keras_gpushare.tuner._search_ledger import EpochCounter
-from keras_gpushare.tuner._space_plan import SpacePlan, probe
+from keras_gpushare.tuner._space_plan import SpacePlan, fuse_problem, probe
 from keras_gpushare.tuner._trial_callbacks import TrialRun, implements_batch_hooks
 from keras_gpushare.tuner._update_payback import expected_steps, fuse_update_pays
 
@@ -357,14 +356,16 @@ class SlotExecutor(PackExecutor):
     def _split(self, runs: list[TrialRun], error: Exception) -> list[TrialRun]:
         """After a program for `runs` could not be built (`error`): the trials whose models
         do not fuse train alone, each saying why, and the others are returned to share a
-        program; when none or all of them are to blame, all train alone."""
+        program; when none of them is to blame, all train alone, saying what raised."""
         alone = {}
         for run in runs:
-            report, plan = inspect_members([run.model])
-            if plan is None and report.problems:
-                alone.setdefault(run.trial.trial_id, "; ".join(report.problems))
+            problem = fuse_problem(run.model)
+            if problem is not None:
+                alone.setdefault(
+                    run.trial.trial_id, f"trial {run.trial.trial_id} cannot fuse: {problem}"
+                )
         rest = [run for run in runs if run.trial.trial_id not in alone]
-        if not alone or not rest:
+        if not alone:
             alone = {
                 run.trial.trial_id: _in_trials(_error_line(error), runs).rstrip(".") for run in runs
             }

@@ -157,6 +157,17 @@ def _value(hp: Any, i: int) -> Any:
     return None
 
 
+def fuse_problem(model: keras.Model) -> str | None:
+    """Why `model` cannot be a fused member of a program (its layers that have no fused
+    form, say), or `None` when it can."""
+    report, plan = inspect_members([model])
+    if plan is not None and report.fusable:
+        return None
+    reasons = [*report.problems]
+    reasons += [f"layer `{v.name}` ({v.type}): {v.reason}" for v in report.layers if v.reason]
+    return "; ".join(reasons) or "it does not fuse"
+
+
 def probe(space: Any, build: Callable[[Any], keras.Model], slots: int) -> SpacePlan | None:
     """Builds the hypermodel at `slots` points of `space` (see the module docstring).
 
@@ -193,9 +204,9 @@ def probe(space: Any, build: Callable[[Any], keras.Model], slots: int) -> SpaceP
                 break
         fusing = []
         for values, model in models:
-            report, plan = inspect_members([model])
-            if plan is None:
-                why.append(f"a probe at {values} does not fuse ({'; '.join(report.problems)})")
+            problem = fuse_problem(model)
+            if problem is not None:
+                why.append(f"a probe at {values} does not fuse: {problem}")
             else:
                 fusing.append(values)
         skipped.extend(dict.fromkeys(why))
