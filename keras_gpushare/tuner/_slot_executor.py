@@ -6,7 +6,11 @@ builds (a "program") for the rest of the search: when a trial ends (its epochs d
 early), its slot frees at once, the next trial is asked for, and a trial whose model fits a
 free slot (`ModelPack.load_member`: the same layers, widths up to the slot's, an activation
 among the slot's, any dropout rate and learning rate) is loaded into it and starts at the
-next epoch, with no new trace. Trials that fit no free slot open a new program together.
+next epoch, with no new trace. The first program is planned from the search space: probe
+builds of the hypermodel at the extremes and choices of its hyperparameters (`_space_plan`)
+give one model per slot, and the trials are loaded into its slots. Trials that fit no free
+slot open a new program together; in a program that cannot be built, those that do not
+fuse train alone, each saying why, and the others keep a program.
 Each slot counts its own trial's epochs; the trial's callbacks, checkpoint, tuner hooks and
 outcome are the pack executor's. Trials whose model trains itself run alone with KerasTuner's
 `run_trial` while no program is training (it clears the Keras session).

@@ -172,3 +172,28 @@ def test_a_long_search_fuses_its_programs_update_and_trials_still_train_as_alone
             alone = _model(hp).fit(*_data(), **FIT).history
             got = outcome.results[0].history
             np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
+
+
+def test_a_program_planned_from_the_space_takes_every_trial_and_each_trains_as_alone(tmp_path):
+    """Given the space (`TrialCalls.space`), the executor probes it before its first
+    program: at the numbers' extremes, the widest trial (16 units, one layer) and trial 0
+    (two layers). The one program they plan takes every trial, the wide one included, and
+    each trains as it would alone, though each probe build seeded the generators."""
+    space = keras_tuner.HyperParameters()
+    space.Choice("trial", list(range(len(TRIALS) + 1)))
+    calls = dataclasses.replace(_calls(tmp_path), space=space.copy)
+    wide = len(TRIALS)
+    feed = _Feed(trials=[0, 1, wide, 2, 3, 4])
+    SlotExecutor(calls).run(TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT))
+
+    paths = {k: o.path for k, o in feed.outcomes.items()}
+    assert sorted(paths) == ["00", "01", "02", "03", "04", f"{wide:02d}"]
+    assert {p["program"] for p in paths.values()} == {"0"}, paths
+    assert all("planned from the space: 1 template from" in p["why"] for p in paths.values())
+    assert calls.ledger.programs == 1 and calls.ledger.probes >= 2
+    for trial_id, outcome in feed.outcomes.items():
+        hp = keras_tuner.HyperParameters()
+        hp.Fixed("trial", int(trial_id))
+        alone = _model(hp).fit(*_data(), **FIT).history
+        got = outcome.results[0].history
+        np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
