@@ -9,6 +9,7 @@ code in other processes), the case is an `xfail(strict=True)` saying why.
 """
 
 import os
+import re
 import threading
 import time
 import warnings
@@ -21,6 +22,7 @@ from keras_tuner import errors
 from kt_twins import (
     PARALLEL,
     PROCESSES,
+    SLOTS,
     WITH_PROCESSES,
     WITH_PROCESSES_SLOW,
     ByKind,
@@ -350,7 +352,13 @@ def test_retries_match_keras_tuner(retried, k):
     ],
 )
 def test_retries_build_as_often_as_keras_tuner(retried, k):
-    assert retried[k][1] == retried["kt"][1]
+    tuner, calls = retried[k]
+    # The slots executor also builds the hypermodel at a few points of the space before
+    # its first program (probe builds), as many as its trials' paths say.
+    whys = " ".join(path.get("why", "") for path in tuner.trial_paths().values())
+    probes = {int(n) for n in re.findall(r"from (\d+) probe builds", whys)}
+    assert len(probes) <= 1 and (k == SLOTS) == bool(probes), whys
+    assert calls - sum(probes) == retried["kt"][1]
 
 
 @pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
