@@ -70,7 +70,7 @@ class _Program:
         self,
         number: int,
         pack: ModelPack,
-        runs: list[TrialRun],
+        runs: list[TrialRun | None],
         batch_key: str,
         batch_hooks: bool,
         dealt: tuple[DealtBatches, dict] | None = None,
@@ -361,7 +361,7 @@ class SlotExecutor(PackExecutor):
         """After a program for `runs` could not be built (`error`): the trials whose models
         do not fuse train alone, each saying why, and the others are returned to share a
         program; when none of them is to blame, all train alone, saying what raised."""
-        alone = {}
+        alone: dict[str, str] = {}
         for run in runs:
             problem = fuse_problem(run.model)
             if problem is not None:
@@ -438,7 +438,7 @@ class SlotExecutor(PackExecutor):
         self.calls.ledger.compiled(pack, models, slot_values=True)
         fused = self._fuse_update(pack, runs)
         batch_key = repr(_batch_size(runs[0], self._fit_kwargs))
-        slots = [None] * len(models) if plan else runs
+        slots: list[TrialRun | None] = [None] * len(models) if plan else list(runs)
         planned = None
         if plan is not None:
             planned = plan.why(len(pack.engine_plan.groups))

@@ -180,7 +180,8 @@ def probe(space: Any, build: Callable[[Any], keras.Model], slots: int) -> SpaceP
         The plan, or `None` when no probe model fuses (nothing to plan).
     """
     start = time.perf_counter()
-    builds, skipped = 0, []
+    builds = 0
+    skipped: list[str] = []
     with untouched():
         for _ in range(MAX_ROUNDS):
             count = min(slots, distinct_points(space))
