@@ -5,8 +5,8 @@ capacity: a dozen element-wise passes over the stacked weights and their slots, 
 TensorFlow's CPU kernels run one by one. Compiled apart with XLA
 (`VectorizedOptimizer.fuse_update`) they become a few fused passes: on a 2-core Intel CPU,
 16 getting-started slots (5.4 million stacked parameters) took 14.9 s of steady epochs
-against 18.8 s without (docs/tuner.md, "A fused optimizer update"), about 1.4 ms a step per
-million stacked parameters. The compile, and XLA's start-up the first time a process
+against 18.8 s without (docs/benchmarks.md, "A fused optimizer update"), about 1.4 ms a
+step per million stacked parameters. The compile, and XLA's start-up the first time a process
 compiles anything, cost about two seconds (the program's fixed cost, 6.8 s against 4.1-5.2 s),
 which a short search never earns back
 (16 trials of 3 epochs on 2,048 samples: 6.9 s against 6.4 s). So the executor estimates

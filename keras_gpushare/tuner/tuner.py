@@ -740,9 +740,9 @@ def _warn_idle() -> None:
 
 
 def _resolved_executor(executor: str) -> str:
-    """`executor`, with `"auto"` made the one that wins on this backend (docs/tuner.md,
-    "Slots against packs": on JAX the slots executor, 4.8-7.5x plain KerasTuner against the
-    pack executor's 2.6-2.9x; on TensorFlow the pack executor, 2.9x against 2.0x)."""
+    """`executor`, with `"auto"` made the one that wins on this backend: on JAX the slots
+    executor, on TensorFlow the pack executor (docs/benchmarks.md, "Parallel tuning against
+    KerasTuner" and "Slots against packs")."""
     if executor != "auto":
         return executor
     return "slots" if keras.backend.backend() == "jax" else "pack"

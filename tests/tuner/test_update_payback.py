@@ -2,7 +2,7 @@
 
 The decision rests on the steps a program is expected to run, counted from the search's
 arrays, batch size, validation split and remaining trials; the measured searches of
-docs/tuner.md ("A fused optimizer update") fall on the sides they were measured on.
+docs/benchmarks.md ("A fused optimizer update") fall on the sides they were measured on.
 """
 
 import numpy as np

@@ -76,7 +76,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     slots runs every family's rule over every slot: the fused update took its steady epoch
     from 1.9 s to 1.3 s on 16 getting-started slots). It costs an XLA compile (and XLA's
     start-up, once a process), so it is off by default and ParallelTuner's slots executor
-    sets it where the search's remaining steps repay that (docs/tuner.md, "A fused
+    sets it where the search's remaining steps repay that (docs/benchmarks.md, "A fused
     optimizer update"). Elsewhere (`can_fuse_update` is `False`) XLA already fuses the
     whole step, or no step is traced.
 
