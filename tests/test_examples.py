@@ -18,7 +18,18 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 QUICK_ENV = "KERAS_GPUSHARE_QUICK"
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+# `make test` runs the two entry points' examples (a pack, a tuner); the others run with the
+# slow tests (`make test-all`), what each shows being tested in `make test` on its own.
+FAST_EXAMPLES = {"pack_basic.py", "tune_parallel.py"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(p, id=p.name, marks=[] if p.name in FAST_EXAMPLES else pytest.mark.slow)
+        for p in EXAMPLES
+    ],
+)
 def test_example_runs_in_quick_mode(script):
     env = dict(os.environ, **{QUICK_ENV: "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
     env.pop("KERAS_BACKEND", None)  # each example runs on the backend it chooses

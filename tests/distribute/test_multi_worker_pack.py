@@ -74,6 +74,9 @@ def test_workers_agree_and_only_the_chief_writes_the_pack(uninterrupted):
     )
 
 
+# `make test-all` only: MemberEarlyStopping is the conformance matrix's (one process), and
+# the workers' agreeing on all-reduced logs is the uninterrupted run's.
+@pytest.mark.slow
 def test_member_early_stopping_is_agreed_across_workers(tmp_path):
     # Member 1's validation loss falls by less than min_delta in its second epoch (0.82,
     # then 0.79), so it stops there; members 0 and 2 go on. Each worker decides from the

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "conformance"))
 sys.path.insert(0, os.path.join(HERE, "..", "monitor"))
 
 from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, h100s  # noqa: E402
-from kt_twins import assert_same_trials  # noqa: E402
+from kt_twins import assert_same_trials, slow_off_tensorflow  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
 
@@ -94,6 +94,8 @@ def test_one_worker_per_device_trains_trials_as_keras_tuner(tmp_path, seen_dir, 
     assert printed.count("Path: ") == 6 and printed.count(" (worker gpu") == 6, printed
 
 
+# A worker's restart is the processes executor's own code, whatever the workers train on.
+@slow_off_tensorflow
 def test_a_device_worker_killed_mid_trial_is_restarted_and_the_search_ends_exact(
     tmp_path, seen_dir, caplog
 ):

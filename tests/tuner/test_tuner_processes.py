@@ -133,6 +133,9 @@ def test_a_worker_told_that_the_search_ended_stops_quietly(tmp_path, monkeypatch
     )
 
 
+# `make test-all` only: Hyperband's brackets are the chief's oracle (as in
+# test_conformance_results.py's Hyperband), the workers train trials as in the random search.
+@pytest.mark.slow
 def test_hyperband_in_worker_processes(tmp_path):
     oracle = keras_tuner.oracles.HyperbandOracle(
         objective="val_loss", max_epochs=2, factor=2, seed=2
@@ -144,6 +147,9 @@ def test_hyperband_in_worker_processes(tmp_path):
     assert any("tuner/trial_id" in t.hyperparameters.values for t in trials)
 
 
+# `make test-all` only: a device worker (the same executor's worker) killed mid-trial is
+# restarted in test_tuner_devices.py.
+@pytest.mark.slow
 def test_a_worker_killed_mid_trial_is_restarted_and_its_trial_rerun(tmp_path, caplog):
     marker = str(tmp_path / "kill-marker")
     with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
@@ -170,7 +176,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("executor", ["processes", "pack", "slots", "devices"])
+# `make test` joins a second launch with the processes executor (the devices executor's is
+# the same chief); the pack, slots and devices executors' joins run in `make test-all`.
+@pytest.mark.parametrize(
+    "executor",
+    [
+        "processes",
+        pytest.param("pack", marks=pytest.mark.slow),
+        pytest.param("slots", marks=pytest.mark.slow),
+        pytest.param("devices", marks=pytest.mark.slow),
+    ],
+)
 def test_a_second_launch_joins_the_chief_as_a_worker(tmp_path, executor):
     """KerasTuner's distributed tuning: a chief, and a worker started with the same script.
 

@@ -31,23 +31,27 @@ def _completed_files(project: str) -> dict:
     return files
 
 
-# `make test` (CI) kills the pack executor's search mid-fit and mid-write, the processes
-# executor's and the device workers' chief after a trial ended, and the slots executor's
-# mid-fit and after a trial ended;
-# the pack executor's other two moments run in `make test-all`.
+# `make test` (CI) kills, on TensorFlow, the pack executor's search mid-write, the processes
+# executor's chief after a trial ended and the slots executor's search mid-fit: each moment
+# and executor once (the resume is the chief's and the ledger's code, the same on every
+# backend). `make test-all` adds the other moments, the devices executor (the processes
+# executor's chief, a worker per device) and JAX.
+pytestmark = pytest.mark.slow if keras.backend.backend() == "jax" else []
+
+
 @pytest.mark.parametrize(
     "point, executor",
     [
-        ("fit", "pack"),
+        pytest.param("fit", "pack", marks=pytest.mark.slow),
         pytest.param("ended", "pack", marks=pytest.mark.slow),
         pytest.param("created", "pack", marks=pytest.mark.slow),
         ("mid-write", "pack"),
         # The chief's resume is backend-neutral code: counted once, on TensorFlow (the
         # workers' own trials run on JAX in test_tuner_devices.py and the conformance run).
         pytest.param("ended", "processes", marks=TENSORFLOW_ONLY),
-        pytest.param("ended", "devices", marks=TENSORFLOW_ONLY),
+        pytest.param("ended", "devices", marks=[TENSORFLOW_ONLY, pytest.mark.slow]),
         ("fit", "slots"),
-        ("ended", "slots"),
+        pytest.param("ended", "slots", marks=pytest.mark.slow),
     ],
 )
 def test_killed_search_resumes_without_losing_or_repeating_trials(tmp_path, point, executor):

@@ -26,16 +26,36 @@ import pytest
 
 import keras_gpushare as kg
 
-# parallel_trials=1 runs only with the slow tests (`make test-all`): K=4 is what packs do,
-# K=1 the degenerate round of one trial.
 SLOTS = "slots"
-PARALLEL = [pytest.param(1, marks=pytest.mark.slow), 4, SLOTS]
 PROCESSES = "processes"
 PROCESS_WORKERS = 2
+BACKEND = keras.backend.backend()
+# The executor `executor="auto"` picks: "slots" on JAX, "pack" (K=4) on TensorFlow and torch.
+DEFAULT = SLOTS if BACKEND == "jax" else 4
+SLOW_ON_JAX = pytest.mark.slow if BACKEND == "jax" else []
+
+
+def _slow(kind: Any) -> Any:
+    return pytest.param(kind, marks=pytest.mark.slow)
+
+
+# parallel_trials=1 runs only with the slow tests (`make test-all`): K=4 is what packs do,
+# K=1 the degenerate round of one trial. EVERY_EXECUTOR compares both executors of a round
+# in `make test` (the random search, each trial's data order); PARALLEL compares the
+# backend's default executor there and the other one with the slow tests.
+EVERY_EXECUTOR = [_slow(1), 4, SLOTS]
+PARALLEL = [_slow(1), *(k if k == DEFAULT else _slow(k) for k in (4, SLOTS))]
 # The processes executor where a case's scenario is the same: in the default run for the
-# results and behaviour essentials, `slow` for the rest (each search starts 2 workers).
-WITH_PROCESSES = PARALLEL + [PROCESSES]
-WITH_PROCESSES_SLOW = PARALLEL + [pytest.param(PROCESSES, marks=pytest.mark.slow)]
+# random search on TensorFlow (on JAX, test_tuner_devices.py's workers), `slow` for the rest
+# (each search starts 2 workers).
+_ON_TENSORFLOW = PROCESSES if BACKEND == "tensorflow" else _slow(PROCESSES)
+EVERY_WITH_PROCESSES = [*EVERY_EXECUTOR, _ON_TENSORFLOW]
+WITH_PROCESSES = PARALLEL + [_slow(PROCESSES)]
+
+
+def slow_off_tensorflow(test: Callable) -> Callable:
+    """`test`, marked `slow` except on TensorFlow, where `make test` runs it."""
+    return test if BACKEND == "tensorflow" else pytest.mark.slow(test)
 
 
 def in_workers(reason: str) -> Any:

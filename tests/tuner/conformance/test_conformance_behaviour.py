@@ -3,8 +3,9 @@
 `run_trial` and `HyperModel.fit` overrides, the tuner's hooks, callbacks, executions per
 trial, retries, failed and fatal trials, consecutive failures, and the errors a user gets:
 each runs with KerasTuner's tuner and with ParallelTuner at parallel_trials 1 and 4
-(executor="pack") and with two worker processes (executor="processes"; retries by default,
-the rest `slow`). Where worker processes differ from KerasTuner by nature (they run user
+(executor="pack"), with the slots executor and with two worker processes
+(executor="processes"); `make test` runs the backend's default executor, the others are
+`slow` (kt_twins.py). Where worker processes differ from KerasTuner by nature (they run user
 code in other processes), the case is an `xfail(strict=True)` saying why.
 """
 
@@ -20,11 +21,13 @@ import numpy as np
 import pytest
 from keras_tuner import errors
 from kt_twins import (
+    BACKEND,
+    EVERY_EXECUTOR,
     PARALLEL,
     PROCESSES,
     SLOTS,
+    SLOW_ON_JAX,
     WITH_PROCESSES,
-    WITH_PROCESSES_SLOW,
     ByKind,
     CountingBuild,
     assert_same_trials,
@@ -33,6 +36,7 @@ from kt_twins import (
     in_workers,
     make,
     search,
+    slow_off_tensorflow,
     trials_view,
 )
 
@@ -134,7 +138,7 @@ def _override_runs(overrides, k):
     return overrides["kt"], overrides[k]
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_run_trial_override_is_honoured(overrides, k):
     reference, runs = _override_runs(overrides, k)
     assert_same_trials(reference[0], runs[0])
@@ -143,14 +147,14 @@ def test_run_trial_override_is_honoured(overrides, k):
     assert bool(alone) == (k != PROCESSES)  # worker processes run them in parallel
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_hypermodel_fit_override_is_honoured(overrides, k):
     reference, runs = _override_runs(overrides, k)
     assert_same_trials(reference[1], runs[1])
     assert any("overrides `HyperModel.fit`" in m for m in runs[3]) == (k != PROCESSES)
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_black_box_run_trial_without_hypermodel(overrides, k):
     reference, runs = _override_runs(overrides, k)
     assert_same_trials(reference[2], runs[2])
@@ -361,7 +365,7 @@ def test_retries_build_as_often_as_keras_tuner(retried, k):
     assert calls - sum(probes) == retried["kt"][1]
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_consecutive_failures_abort_like_keras_tuner(tmp_path, k):
     raised = {}
     for kind in ["kt", k]:
@@ -409,6 +413,8 @@ class SlowEpochs(keras.callbacks.Callback):
         time.sleep(3.0)
 
 
+# Worker processes end their trials with the same chief code on every backend.
+@slow_off_tensorflow
 def test_a_workers_trial_running_when_failures_stop_the_search_ends_too(tmp_path):
     """Worker processes: value 1 trains (slowly) while values 2 and 3 fail at once in the
     other worker; the second failure stops the search, and the trial still training ends
@@ -450,7 +456,9 @@ def _score_and_order_warnings(kind, tmp_path, **fit):
     return scores, said
 
 
-@pytest.mark.parametrize("k", PARALLEL)
+# Both executors' orders on TensorFlow and torch; on JAX its default executor's (the pack
+# executor's there with the slow tests).
+@pytest.mark.parametrize("k", PARALLEL if BACKEND == "jax" else EVERY_EXECUTOR)
 def test_seeded_trials_each_train_on_their_own_shuffled_order(tmp_path, k):
     """`build` seeds each model from its width, and `fit` shuffles by default (and splits
     off validation rows): plain KerasTuner shuffles each trial's data in the order its own
@@ -477,7 +485,10 @@ def test_seeded_trials_that_cannot_each_get_their_own_order_are_warned_about(tmp
     assert "`class_weight` is given" in message and "shuffle=False" in message
 
 
-@pytest.mark.parametrize("append", [False, True], ids=["write", "append"])
+# Appending is the CSV logger's own code: on JAX with the slow tests.
+@pytest.mark.parametrize(
+    "append", [False, pytest.param(True, marks=SLOW_ON_JAX)], ids=["write", "append"]
+)
 @pytest.mark.parametrize("k", PARALLEL)
 def test_a_csv_logger_leaves_whole_trials_like_keras_tuner(tmp_path, k, append):
     """Trials that train at once each write a `CSVLogger` file of their own, which takes the
@@ -538,7 +549,7 @@ def fatal(tmp_path_factory):
     return ByKind(run)
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_fatal_error_is_raised_again_like_keras_tuner(fatal, k):
     reference, expected = fatal["kt"]
     tuner, message = fatal[k]
@@ -655,7 +666,7 @@ class NotCopyable(keras.callbacks.Callback):
         raise TypeError("no copies")
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_user_errors_match_keras_tuner(tmp_path, k):
     x, y = data()
     cases = [
@@ -715,7 +726,7 @@ def _frozen(hp):
     return model
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_a_model_with_its_own_train_step_trains_as_in_keras_tuner(tmp_path, k):
     tuners = {}
     for kind in ["kt", k]:

@@ -2,9 +2,11 @@
 
 Each scenario runs one search with KerasTuner's tuner and with ParallelTuner at
 parallel_trials 1 and 4 (executor="pack") and with two worker processes
-(executor="processes"), once per module, and the tests compare what a user sees. The
-processes executor's random search and reload run by default; its other scenarios are
-`slow` (each starts two worker processes).
+(executor="processes"), once per module, and the tests compare what a user sees.
+`make test` runs each scenario with the backend's default executor (kt_twins.PARALLEL),
+the random search with both executors of a round and, on TensorFlow, the processes
+executor; the processes executor's other scenarios are `slow` (each starts two worker
+processes).
 """
 
 import os
@@ -14,9 +16,9 @@ import keras_tuner
 import numpy as np
 import pytest
 from kt_twins import (
+    EVERY_WITH_PROCESSES,
     PARALLEL,
     WITH_PROCESSES,
-    WITH_PROCESSES_SLOW,
     ByKind,
     assert_same_trials,
     build_declaring,
@@ -26,6 +28,7 @@ from kt_twins import (
     printed,
     project_files,
     search,
+    slow_off_tensorflow,
 )
 
 FIT = dict(epochs=2, validation_split=0.25, shuffle=False)
@@ -49,7 +52,7 @@ def random_search(tmp_path_factory):
     return _run_all(root, "random", objective="val_loss", max_trials=4, seed=3)
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES)
+@pytest.mark.parametrize("k", EVERY_WITH_PROCESSES)
 def test_random_search_trials_scores_and_metrics_match(random_search, k):
     reference, _ = random_search["kt"]
     tuner, _ = random_search[k]
@@ -57,7 +60,7 @@ def test_random_search_trials_scores_and_metrics_match(random_search, k):
     assert all(t.status == "COMPLETED" for t in tuner.oracle.trials.values())
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES)
+@pytest.mark.parametrize("k", EVERY_WITH_PROCESSES)
 def test_verbose_display_matches(random_search, k):
     """A block per trial start and end, the best score so far: never `None` mid-round."""
     _, reference = random_search["kt"]
@@ -73,7 +76,7 @@ def test_verbose_display_matches(random_search, k):
     assert "None" not in re.findall(r"Best val_loss So Far: (\S+)", out)
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES)
+@pytest.mark.parametrize("k", EVERY_WITH_PROCESSES)
 def test_results_api_matches(random_search, k):
     reference, _ = random_search["kt"]
     tuner, _ = random_search[k]
@@ -99,7 +102,7 @@ def test_results_api_matches(random_search, k):
     assert type(tuner.oracle.oracle) is type(reference.oracle)
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES)
+@pytest.mark.parametrize("k", EVERY_WITH_PROCESSES)
 def test_project_files_match(random_search, k):
     reference, _ = random_search["kt"]
     tuner, _ = random_search[k]
@@ -158,7 +161,7 @@ def grid_multi_objective(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_grid_search_with_multi_objective_matches(grid_multi_objective, k):
     reference, _ = grid_multi_objective["kt"]
     tuner, _ = grid_multi_objective[k]
@@ -182,7 +185,7 @@ def hyperband(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_hyperband_matches(hyperband, k):
     """Brackets, epoch budgets, promotions from the parent's checkpoint."""
     reference, _ = hyperband["kt"]
@@ -200,6 +203,9 @@ def test_hyperband_matches(hyperband, k):
     assert any("tuner/trial_id" in t.hyperparameters.values for t in ours.values())
 
 
+# The oracle's own work (growing the space, Bayesian optimization) is backend-neutral: on
+# TensorFlow in `make test`, on JAX with the slow tests.
+@slow_off_tensorflow
 @pytest.mark.parametrize("k", PARALLEL)
 def test_hyperparameters_a_build_declares_reach_the_next_trials(tmp_path, k):
     """A hyperparameter first declared by a trial's build (the second layer's width)
@@ -236,7 +242,7 @@ def compile_overrides(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_compile_overrides_match(compile_overrides, k):
     reference, _ = compile_overrides["kt"]
     tuner, _ = compile_overrides[k]
@@ -244,7 +250,8 @@ def test_compile_overrides_match(compile_overrides, k):
     assert tuner.get_best_models()[0].loss == "mse"
 
 
-@pytest.mark.parametrize("k", WITH_PROCESSES_SLOW)
+@slow_off_tensorflow
+@pytest.mark.parametrize("k", WITH_PROCESSES)
 def test_bayesian_optimization_matches(tmp_path, k):
     pytest.importorskip("sklearn")
     runs = _run_all(
