@@ -94,6 +94,16 @@ def _calls(tmp_path) -> TrialCalls:
     )
 
 
+def _assert_each_trains_as_alone(feed):
+    """Each trial's losses equal its model's plain `fit` from the same initial weights."""
+    for trial_id, outcome in feed.outcomes.items():
+        hp = keras_tuner.HyperParameters()
+        hp.Fixed("trial", int(trial_id))
+        alone = _model(hp).fit(*_data(), **FIT).history
+        got = outcome.results[0].history
+        np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
+
+
 def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
     feed = _Feed()
     executor = SlotExecutor(_calls(tmp_path))
@@ -166,12 +176,7 @@ def test_a_long_search_fuses_its_programs_update_and_trials_still_train_as_alone
         assert said and said[0].endswith(
             "; its optimizer update compiled with XLA." if expected else "engine)."
         ), said
-        for trial_id, outcome in feed.outcomes.items():
-            hp = keras_tuner.HyperParameters()
-            hp.Fixed("trial", int(trial_id))
-            alone = _model(hp).fit(*_data(), **FIT).history
-            got = outcome.results[0].history
-            np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
+        _assert_each_trains_as_alone(feed)
 
 
 def test_a_program_planned_from_the_space_takes_every_trial_and_each_trains_as_alone(tmp_path):
@@ -191,9 +196,4 @@ def test_a_program_planned_from_the_space_takes_every_trial_and_each_trains_as_a
     assert {p["program"] for p in paths.values()} == {"0"}, paths
     assert all("planned from the space: 1 template from" in p["why"] for p in paths.values())
     assert calls.ledger.programs == 1 and calls.ledger.probes >= 2
-    for trial_id, outcome in feed.outcomes.items():
-        hp = keras_tuner.HyperParameters()
-        hp.Fixed("trial", int(trial_id))
-        alone = _model(hp).fit(*_data(), **FIT).history
-        got = outcome.results[0].history
-        np.testing.assert_allclose(got["loss"], alone["loss"], rtol=1e-5, err_msg=trial_id)
+    _assert_each_trains_as_alone(feed)

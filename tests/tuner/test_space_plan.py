@@ -16,6 +16,7 @@ import sys
 import keras
 import keras_tuner
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "conformance"))
 
@@ -23,6 +24,12 @@ from kt_twins import assert_same_trials  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
 from keras_gpushare.tuner import _space_plan  # noqa: E402
+
+
+def _slow_on_tensorflow(test):
+    """`make test-all` only on TensorFlow (its pack executor is the default there)."""
+    return pytest.mark.slow(test) if keras.backend.backend() == "tensorflow" else test
+
 
 FIT = dict(epochs=1, validation_split=0.25, shuffle=False, verbose=0)
 
@@ -149,6 +156,9 @@ def _search(tmp_path, kind, hypermodel, max_trials, parallel_trials=4, seed=1):
     return tuner
 
 
+# Slots are the default executor on JAX, where `make test` runs this search; on TensorFlow
+# the executor's seam test (test_slot_executor.py) plans a program in `make test`.
+@_slow_on_tensorflow
 def test_sixteen_trials_of_the_space_share_one_planned_program(tmp_path, caplog):
     reference = _search(tmp_path, "kt", build_16, 16)
     with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
