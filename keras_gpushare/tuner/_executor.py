@@ -35,6 +35,13 @@ import keras
 from keras_gpushare.tuner._search_ledger import SearchLedger
 
 
+def error_line(error: BaseException) -> str:
+    """`error`'s type and the first line of its message, at most 160 characters."""
+    lines = str(error).strip().splitlines()
+    text = type(error).__name__ + (f": {lines[0]}" if lines else "")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 @dataclass
 class TrialOutcome:
     """What `Tuner.run_trial` would have returned for a trial, or the error it raised.

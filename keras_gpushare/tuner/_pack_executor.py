@@ -18,7 +18,13 @@ from keras_gpushare.tuner._data_orders import (
     dealt_arguments,
     trial_order,
 )
-from keras_gpushare.tuner._executor import RoundExecutor, TrialCalls, TrialFeed, TrialOutcome
+from keras_gpushare.tuner._executor import (
+    RoundExecutor,
+    TrialCalls,
+    TrialFeed,
+    TrialOutcome,
+    error_line,
+)
 from keras_gpushare.tuner._search_ledger import EpochCounter
 from keras_gpushare.tuner._trial_callbacks import (
     BestCheckpoint,
@@ -127,14 +133,7 @@ def _run_alone(
 
 def _not_trained(error: BaseException) -> dict[str, str]:
     """The path of a trial whose model could not be built."""
-    return {"path": "not trained", "why": f"building its model raised {_error_line(error)}"}
-
-
-def _error_line(error: BaseException) -> str:
-    """`error`'s type and the first line of its message, at most 160 characters."""
-    lines = str(error).strip().splitlines()
-    text = type(error).__name__ + (f": {lines[0]}" if lines else "")
-    return text if len(text) <= 160 else text[:157] + "..."
+    return {"path": "not trained", "why": f"building its model raised {error_line(error)}"}
 
 
 def _pack_label(runs: list[TrialRun], fit_kwargs: dict) -> str:
@@ -380,7 +379,7 @@ def _fit_group(
     except Exception as e:
         for run in runs:
             run.abandon()
-        raised = _in_trials(_error_line(e), runs)
+        raised = _in_trials(error_line(e), runs)
         if len(trial_ids) == 1:
             # Whatever a pack cannot do, KerasTuner's own code does (or raises its error).
             path = {"path": "alone", "why": f"its pack raised {raised}"}

@@ -36,8 +36,7 @@ import keras_tuner
 
 from keras_gpushare import _upstream
 from keras_gpushare.tuner._devices import worker_environment, worker_name
-from keras_gpushare.tuner._executor import Executor, TrialFeed
-from keras_gpushare.tuner._pack_executor import _error_line
+from keras_gpushare.tuner._executor import Executor, TrialFeed, error_line
 
 logger = logging.getLogger("keras_gpushare.tuner")
 
@@ -278,7 +277,7 @@ class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
             state = trial.get_state()
             if trial.status == TrialStatus.STOPPED and self.oracle.fatal_error is not None:
                 # `Trial.set_state` ignores the key: a worker of an earlier release reads it.
-                state["search_ended"] = _error_line(self.oracle.fatal_error)
+                state["search_ended"] = error_line(self.oracle.fatal_error)
             return json.dumps(state).encode()
 
         def end(request: bytes, context: Any) -> bytes:
@@ -293,7 +292,7 @@ class _ChiefServicer(_upstream.oracle_servicer_class()):  # type: ignore[misc]
                 if self.oracle.fatal_error is not e:
                     raise
                 # The oracle ended the search: the chief raises the error, not this call.
-                return json.dumps({"search_ended": _error_line(e)}).encode()
+                return json.dumps({"search_ended": error_line(e)}).encode()
             return b""
 
         return grpc.method_handlers_generic_handler(

@@ -35,12 +35,11 @@ from keras_gpushare.tuner._data_orders import (
     dealt_arguments,
     trial_order,
 )
-from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome
+from keras_gpushare.tuner._executor import TrialCalls, TrialFeed, TrialOutcome, error_line
 from keras_gpushare.tuner._pack_executor import (
     PackExecutor,
     _batch_size,
     _compile_args,
-    _error_line,
     _in_trials,
     _not_trained,
     _own_training,
@@ -371,7 +370,7 @@ class SlotExecutor(PackExecutor):
         rest = [run for run in runs if run.trial.trial_id not in alone]
         if not alone:
             alone = {
-                run.trial.trial_id: _in_trials(_error_line(error), runs).rstrip(".") for run in runs
+                run.trial.trial_id: _in_trials(error_line(error), runs).rstrip(".") for run in runs
             }
             rest = []
         for trial_id, problem in alone.items():
@@ -560,7 +559,7 @@ class SlotExecutor(PackExecutor):
                 if trial_id in self._runs_of:
                     for run in self._runs_of.pop(trial_id):
                         run.abandon()
-                    why = f"its program {program.number} raised {_error_line(e)}"
+                    why = f"its program {program.number} raised {error_line(e)}"
                     self._alone[trial_id] = {"path": "alone", "why": why}
             return
         if raised:
