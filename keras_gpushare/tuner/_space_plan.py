@@ -41,6 +41,7 @@ import numpy as np
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion.report import inspect_members
+from keras_gpushare.tuner._executor import error_line
 
 # Builds of every point again while they declare hyperparameters the space lacked.
 MAX_ROUNDS = 3
@@ -194,7 +195,7 @@ def probe(space: Any, build: Callable[[Any], keras.Model], slots: int) -> SpaceP
                 try:
                     models.append((values, build(hp)))
                 except Exception as e:
-                    why.append(f"a probe build raised {type(e).__name__}: {e}")
+                    why.append(f"a probe build raised {error_line(e)}")
                     continue
                 new = [p for p in hp.space if p.name not in known]
                 if new:
