@@ -82,7 +82,7 @@ def untouched() -> Iterator[None]:
     numpy_state = np.random.get_state()
     keras_state = _upstream.keras_global_state()
     tf_state = None
-    if "tensorflow" in sys.modules:
+    if sys.modules.get("tensorflow") is not None:  # imported, and not blocked with None
         generator = _upstream.tf_global_generator()
         saved = None if generator is None else generator.state.numpy()
         tf_state = (_upstream.tf_seed_state(), generator, saved)

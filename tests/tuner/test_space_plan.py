@@ -71,6 +71,16 @@ def test_probes_leave_every_generator_and_layer_name_as_they_were():
     )
 
 
+@pytest.mark.skipif(keras.backend.backend() == "tensorflow", reason="TensorFlow is its backend")
+def test_probes_need_no_tensorflow_where_there_is_none(monkeypatch):
+    # The GPU machine has JAX and no TensorFlow: `import tensorflow` fails there, as it does
+    # with None in `sys.modules` (benchmarks/gpu_table.py runs its searches that way).
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    (names, weights, draws), (names_after, weights_after, draws_after) = _untouched_twice()
+    assert names_after == names
+    assert draws_after[:2] == draws[:2]
+
+
 def _space():
     hp = keras_tuner.HyperParameters()
     hp.Int("layers", 1, 3)
