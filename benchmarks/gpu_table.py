@@ -21,12 +21,14 @@ Measured in this run, every figure a median [min-max] over the repeats:
   pays a step;
 - then, once, after the first repeat: a KerasTuner search of its getting-started space
   (benchmarks/_tuner_spaces.py, RandomSearch, seed 1) at 32 and 64 trials, plain
-  `keras_tuner.RandomSearch` against `ParallelTuner(executor="slots", parallel_trials=16)`
-  and, as the budget allows, `executor="pack"`, then the 64-trial search through one GPU's
-  worker process (`devices=[0]`, the path of a machine's GPUs, beside the in-process
-  executor): wall seconds of `search` and the ratio with plain KerasTuner. Plain KerasTuner
-  compiles every trial's model anew (1-2 s a trial on JAX), so its first 16 trials (the same
-  as every search's first 16) are timed and scaled to 32 and 64. The section runs in one
+  `keras_tuner.RandomSearch` against `ParallelTuner(parallel_trials=16)` with its default
+  executor (the programs it compiled and the share of their FLOPs that trained no trial,
+  from the search's own log line) and, as the budget allows, `executor="pack"`, then the
+  64-trial search through one GPU's worker process (`devices=[0]`, the path of a machine's
+  GPUs, beside the in-process executor): wall seconds of `search` and the ratio with plain
+  KerasTuner. Plain KerasTuner compiles every trial's model anew (1-2 s a trial on JAX), so
+  its first 16 trials (the same as every search's first 16) are timed and scaled to 32 and
+  64. The section runs in one
   process after a warm-up fit; it is skipped, with a line saying so, when its estimate does
   not fit what is left of the budget, and a search is not started when its estimate (from
   this run's searches) would not fit the section's share.
@@ -53,7 +55,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -75,7 +79,7 @@ _MONITOR_INTERVAL_S = 0.2
 # The tuner section's `guess_s` (seconds to start the process and warm up, per plain trial,
 # per ParallelTuner trial) are a priori guesses: plain KerasTuner on JAX compiles each trial's
 # model, 1-2 s on the H200; ParallelTuner's searches were not yet measured there. They put
-# the plain and slots searches at about 70 s; `cap_s` caps the section, pack searches
+# the plain and default-executor searches at about 70 s; `cap_s` caps the section, pack searches
 # included, which run as they fit.
 _GPU = {
     "samples": 25_000,
@@ -123,9 +127,9 @@ _SMOKE = {
 }
 _TUNER_NAMES = {
     "plain": "KerasTuner RandomSearch",
-    "slots": 'ParallelTuner executor="slots"',
+    "auto": "ParallelTuner, default executor",
     "pack": 'ParallelTuner executor="pack"',
-    "devices": "ParallelTuner devices=[0] (one GPU's worker process, slots)",
+    "devices": "ParallelTuner devices=[0] (one GPU's worker process, default executor)",
 }
 
 
@@ -400,11 +404,11 @@ def _torch_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
 
 def _tuner_searches(tuner: dict[str, Any]) -> list[tuple[str, int]]:
     """The tuner section's searches, in the order they run: plain KerasTuner on its sample
-    of trials, the slots executor at each trial count, the pack executor, then the largest
+    of trials, the default executor at each trial count, the pack executor, then the largest
     count through one device's worker process (`devices`: the path of a machine's GPUs,
     here with one)."""
     searches = [("plain", tuner["plain_trials"])]
-    searches += [(m, t) for m in ("slots", "pack") for t in tuner["trials"]]
+    searches += [(m, t) for m in ("auto", "pack") for t in tuner["trials"]]
     return searches + [("devices", tuner["trials"][-1])]
 
 
@@ -415,12 +419,38 @@ def _tuner_estimate(tuner: dict[str, Any], method: str, trials: int, per_trial: 
     if method == "plain":
         rate = per_trial.get("plain", tuner["guess_s"]["plain"])
     elif method == "devices":  # the worker's start (imports, first program), then slots
-        rate = per_trial.get("slots", tuner["guess_s"]["parallel"])
+        rate = per_trial.get("auto", tuner["guess_s"]["parallel"])
         return tuner["guess_s"]["start"] + trials * rate
     else:
-        other = "pack" if method == "slots" else "slots"
+        other = "pack" if method == "auto" else "auto"
         rate = per_trial.get(method, per_trial.get(other, tuner["guess_s"]["parallel"]))
     return trials * rate
+
+
+class _Lines(logging.Handler):
+    """Keeps the messages of the records it is given, in `lines`."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _compiled_figures(lines: list[str]) -> dict[str, Any]:
+    """The programs a search compiled and the share of their FLOPs that trained no trial,
+    read from its own closing log line ("Search: ... 1 program compiled ...; 25% of the
+    FLOPs the programs computed trained no trial ..."); {} for a search that logs none."""
+    line = next((text for text in reversed(lines) if text.startswith("Search: ")), "")
+    programs = re.search(r"(\d+) (?:program|pack)s? compiled", line)
+    padding = re.search(r"(\d+)% of the FLOPs", line)
+    figures: dict[str, Any] = {}
+    if programs:
+        figures["programs"] = int(programs.group(1))
+    if padding:
+        figures["padding"] = int(padding.group(1))
+    return figures
 
 
 def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
@@ -443,6 +473,11 @@ def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
     _warm_up_keras()
     x, y = make_data(tuner["samples"], "getting-started")
     root = tempfile.mkdtemp(prefix="gpu-table-tuner-")
+    compiled: list[str] = []  # the search's "Search: ..." log line (programs, padding)
+    handler = _Lines(compiled)
+    tuner_log = logging.getLogger("keras_gpushare.tuner")
+    tuner_log.addHandler(handler)
+    tuner_log.setLevel(logging.INFO)
     per_trial: dict[str, float] = {}
     try:
         for method, trials in _tuner_searches(tuner):
@@ -467,7 +502,6 @@ def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
                 search = kg.tuner.ParallelTuner(
                     build_getting_started,
                     parallel_trials=tuner["parallel_trials"],
-                    executor="slots",
                     devices=["cpu0"] if smoke else [0],
                     **common,
                 )
@@ -478,6 +512,7 @@ def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
                     executor=method,
                     **common,
                 )
+            compiled.clear()
             start = time.perf_counter()
             try:
                 search.search(
@@ -502,9 +537,11 @@ def _tuner_worker(sizes: dict[str, Any], repeat: int, smoke: bool) -> int:
                     "trials": trials,
                     "seconds": seconds,
                     "completed": len(done),
+                    **_compiled_figures(compiled),
                 }
             )
     finally:
+        tuner_log.removeHandler(handler)
         shutil.rmtree(root, ignore_errors=True)
     return 0
 
@@ -530,8 +567,8 @@ def _runs(records: list[dict], kind: str, n: int | None = None) -> list[dict]:
 
 
 def _tuner_section_estimate(tuner: dict[str, Any]) -> float:
-    """Seconds the tuner section's plain and slots searches should take, with its start,
-    from the a priori guesses (the pack searches run only as they fit)."""
+    """Seconds the tuner section's plain and default-executor searches should take, with its
+    start, from the a priori guesses (the pack searches run only as they fit)."""
     searches = [s for s in _tuner_searches(tuner) if s[0] not in ("pack", "devices")]
     start = tuner["guess_s"]["start"]
     return start + sum(_tuner_estimate(tuner, m, t, {}) for m, t in searches)
@@ -726,21 +763,24 @@ def _tuner_lines(records: list[dict], tuner: dict[str, Any]) -> list[str]:
             completed = plain[0]["completed"]
             rows.append(
                 f"| {trials} | {label} | {per_trial * trials:.1f} | 1.00x | "
-                f"{completed if sample == trials else f'{completed} of {sample}'} |"
+                f"{completed if sample == trials else f'{completed} of {sample}'} | {trials} | - |"
             )
         for r in runs:
             if r["method"] == "plain" or r["trials"] != trials:
                 continue
             ratio = f"{per_trial * trials / r['seconds']:.2f}x" if per_trial else "-"
+            padding = f"{r['padding']}%" if "padding" in r else "-"
             rows.append(
                 f"| {trials} | {_TUNER_NAMES[r['method']]}, K={tuner['parallel_trials']} | "
-                f"{r['seconds']:.1f} | {ratio} | {r['completed']} |"
+                f"{r['seconds']:.1f} | {ratio} | {r['completed']} | "
+                f"{r.get('programs', '-')} | "
+                f"{padding} |"
             )
     if rows:
         lines += [
             "",
-            "| trials | method | wall s | vs plain | trials completed |",
-            "| ---: | --- | ---: | ---: | ---: |",
+            "| trials | method | wall s | vs plain | trials completed | programs | padding |",
+            "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
             *rows,
         ]
     if plain and plain[0]["trials"] not in tuner["trials"]:
@@ -824,14 +864,15 @@ class _Driver:
         return 0
 
     def _tuner(self) -> None:
-        """The tuner section, when its plain and slots searches' estimate fits the budget;
-        it gets at most `cap_s` seconds of what is left."""
+        """The tuner section, when its plain and default-executor searches' estimate fits the
+        budget; it gets at most `cap_s` seconds of what is left."""
         tuner = self.sizes["tuner"]
         left = self.sizes["budget"] - (time.monotonic() - self.start)
         estimate = _tuner_section_estimate(tuner)
         if estimate > left:
             text = (
-                f"The tuner table was not measured: its plain and slots searches' estimate, "
+                "The tuner table was not measured: its plain and default-executor searches' "
+                f"estimate, "
                 f"{estimate:.0f} s, exceeds the {left:.0f} s left of the "
                 f"{self.sizes['budget']:.0f} s budget."
             )
