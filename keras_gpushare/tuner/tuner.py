@@ -414,10 +414,12 @@ class ParallelTuner(keras_tuner.Tuner):
     def _next_trials(self, slots: Any, remote: bool, running: bool = False) -> list:
         """A trial for each slot the oracle has one for, begun; `[]` when the search is over.
 
-        While the oracle answers IDLE, a remote worker waits (its chief's other workers end
-        trials); this process's own search ends, as no trial end can change the answer,
-        unless some of its trials are `running` (begun and not ended, whether training or
-        waiting to; then `[]` means: none until one ends).
+        With some of its trials `running` (begun and not ended, whether training or waiting
+        to), an IDLE answer is `[]`: none until one ends. A remote worker must not wait
+        then: the oracle may be waiting for those very trials (GridSearch, Hyperband), and
+        the chief's CreateTrial already holds an IDLE answer a moment. With none running,
+        a remote worker waits (its chief's other workers end trials); this process's own
+        search ends, as no trial end can change the answer.
         """
         tuner_ids = [f"{self.tuner_id}-{i}" for i in slots]
         while True:
@@ -426,7 +428,7 @@ class ParallelTuner(keras_tuner.Tuner):
                 for trial in trials:
                     self.on_trial_begin(trial)
                 return trials
-            if stopped or (running and not remote):
+            if stopped or running:
                 return []
             if not remote:
                 _warn_idle()

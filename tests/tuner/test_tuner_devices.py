@@ -15,6 +15,7 @@ import sys
 import warnings
 
 import keras_tuner
+import numpy as np
 import pytest
 import tuner_helpers as th
 
@@ -110,14 +111,6 @@ def test_a_device_worker_killed_mid_trial_is_restarted_and_the_search_ends_exact
     assert all(t.status == "COMPLETED" for t in trials.values())
 
 
-# Known bug (issue 60 item 1 on JAX, open): with Keras-JAX workers the chief of this search
-# waits forever after the first two trials end (a hang, found at the end of the stop that
-# added this test); `run=False`, or make test would sit out pytest-timeout's 20 minutes.
-@pytest.mark.xfail(
-    os.environ.get("KERAS_BACKEND") == "jax",
-    reason="JAX workers: the chief waits forever once failures end the search",
-    run=False,
-)
 def test_a_devices_search_ended_by_failures_keeps_its_paths_and_its_workers_quiet(
     tmp_path, capfd, caplog
 ):
@@ -159,6 +152,41 @@ def test_a_devices_search_ended_by_failures_keeps_its_paths_and_its_workers_quie
     assert summary.count("Path: not trained (worker cpu") == len(paths["devices"]) - 1, summary
     assert "_InactiveRpcError" not in searched
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("grpc")]
+
+
+def test_a_devices_grid_search_runs_every_combination_as_keras_tuner(tmp_path):
+    """GridSearch holds its next combination back (IDLE) until the trials running end; a
+    worker streaming trials through slots asks for a free slot's trial while its own trials
+    have not ended, and must take IDLE as "none yet" then, not wait for it: it waited (the
+    oracle waiting for its trial, it for the oracle), and the search never ended."""
+    space = keras_tuner.HyperParameters()
+    space.Choice("lr", [0.003, 0.01, 0.03, 0.1])
+    space.Fixed("units", 4)
+    scores = {}
+    for name in ("kt", "devices"):
+        args = dict(
+            hypermodel=th.build_mlp,
+            oracle=keras_tuner.oracles.GridSearchOracle(
+                objective="val_loss", hyperparameters=space
+            ),
+            directory=str(tmp_path),
+            project_name=name,
+        )
+        if name == "kt":
+            tuner = keras_tuner.Tuner(**args)
+        else:
+            # Slots on either backend (the default on JAX; TensorFlow's is packs).
+            devices = ["cpu0", "cpu1"]
+            tuner = kg.tuner.ParallelTuner(
+                parallel_trials=2, devices=devices, executor="slots", **args
+            )
+        tuner.search(*th.data(), **FIT)
+        trials = tuner.oracle.trials.values()
+        assert {t.status for t in trials} == {"COMPLETED"}
+        scores[name] = {t.hyperparameters["lr"]: t.score for t in trials}
+    assert sorted(scores["devices"]) == sorted(scores["kt"]) == [0.003, 0.01, 0.03, 0.1]
+    for lr, score in scores["kt"].items():
+        np.testing.assert_allclose(scores["devices"][lr], score, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
