@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(HERE, "conformance"))
 sys.path.insert(0, os.path.join(HERE, "..", "monitor"))
 
 from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, h100s  # noqa: E402
-from kt_twins import assert_same_trials, slow_off_tensorflow  # noqa: E402
+from kt_twins import assert_same_trials, slow_off_tensorflow, slow_on_tensorflow  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
 
@@ -154,6 +154,7 @@ def test_a_devices_search_ended_by_failures_keeps_its_paths_and_its_workers_quie
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("grpc")]
 
 
+@slow_on_tensorflow  # the default executor there asks a round at a time: no such wait
 def test_a_devices_grid_search_runs_every_combination_as_keras_tuner(tmp_path):
     """GridSearch holds its next combination back (IDLE) until the trials running end; a
     worker streaming trials through slots asks for a free slot's trial while its own trials

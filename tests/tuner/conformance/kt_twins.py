@@ -58,6 +58,11 @@ def slow_off_tensorflow(test: Callable) -> Callable:
     return test if BACKEND == "tensorflow" else pytest.mark.slow(test)
 
 
+def slow_on_tensorflow(test: Callable) -> Callable:
+    """`test`, marked `slow` on TensorFlow only: `make test` runs it on the other backends."""
+    return pytest.mark.slow(test) if BACKEND == "tensorflow" else test
+
+
 def in_workers(reason: str) -> Any:
     """The processes executor, expected to differ from KerasTuner for an inherent `reason`."""
     return pytest.param(
