@@ -386,7 +386,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
     def _pack_optimizer(self, optimizers: list) -> keras.optimizers.Optimizer:
         """The optimizer Keras sees (see `_compiling._optimizer_choice`), after moving the
         fused members whose optimizers have no vectorized form to the graph engine."""
-        unsupported = planner.optimizer_moves(self._engines, self._members, optimizers)
+        unsupported = planner.optimizer_moves(self._fusion_report, optimizers)
         if unsupported:
             self._set_engines(
                 _compiling.graph_fallback(

@@ -6,24 +6,54 @@ trained in one step. The plan and why each member landed where it did is the pac
 `fusion_report`. The planner also builds the engines a plan names (`build_engines`), and
 re-plans at `compile` when a fused member's optimizer cannot be vectorized
 (`optimizer_moves`, `move_to_graph`).
+
+Each member is read once, when the pack is made (`MemberReading`: its graph, whether it
+has an `Embedding`, its optimizer's class); every set of members the planner tries, then and
+at `compile`, is inspected from those readings (`report.inspect_graphs`), each set once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
 
 from keras_gpushare.pack._backend import BACKEND
-from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine
+from keras_gpushare.pack.engines.base import Engine, EngineOptions
 from keras_gpushare.pack.engines.fused import FusedEngine
-from keras_gpushare.pack.fusion import cost, template
+from keras_gpushare.pack.fusion import converter, cost, template
 from keras_gpushare.pack.fusion._member_settings import member_settings
-from keras_gpushare.pack.fusion.converter import fusion_signature, member_graph
-from keras_gpushare.pack.fusion.report import inspect_members
+from keras_gpushare.pack.fusion.report import inspect_graphs
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberReading:
+    """What the planner reads of one member, once, when the pack is made.
+
+    Attributes:
+        graph: the member's `MemberGraph`, or `None` when it has none to fuse.
+        why: why it has no graph (`None` when it has one).
+        embedding: whether it holds an `Embedding` layer (nested models included), whose
+            sparse gradient on TensorFlow some optimizers train differently fused.
+        optimizer_family: the class name of the optimizer it was compiled with ("" when
+            none), by which a group orders its members.
+    """
+
+    graph: Any
+    why: str | None
+    embedding: bool
+    optimizer_family: str
+
+    @classmethod
+    def of(cls, member: keras.Model) -> MemberReading:
+        """Reads `member` (its graph through `converter.member_graph`)."""
+        graph, why = converter.member_graph(member)
+        embedding = any(isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member))
+        return cls(graph, why, embedding, _optimizer_family(member))
 
 
 @dataclasses.dataclass
@@ -38,6 +68,8 @@ class EnginePlan:
         waste: for each fused group, the share of its estimated FLOPs that is padding.
         fusion_plans: for each fused group, the `FusionPlan` its members were inspected
             with (its engine builds the fused model from it).
+        readings: the `MemberReading` of each member the planner may fuse, by member
+            index: what `compile` re-plans from, without reading the members again.
     """
 
     groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
@@ -46,6 +78,12 @@ class EnginePlan:
     reasons: dict[int, str] = dataclasses.field(default_factory=dict)
     waste: list[float] = dataclasses.field(default_factory=list)
     fusion_plans: list[Any] = dataclasses.field(default_factory=list)
+    readings: dict[int, MemberReading] = dataclasses.field(default_factory=dict, repr=False)
+
+    def inspect(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """The `FusionReport` and `FusionPlan` (`None` unless they fuse) of the members
+        `ids`, in that order, from their readings."""
+        return inspect_graphs([(self.readings[i].graph, self.readings[i].why) for i in ids])
 
     def __str__(self) -> str:
         n = sum(len(g) for g in self.groups) + len(self.graph)
@@ -96,7 +134,8 @@ def plan_engines(
     plan = EnginePlan()
     if groups is not None:
         kept = [tuple(i for i in g if i not in shared) for g in groups]
-        _set_groups(plan, members, [g for g in kept if g])
+        plan.readings = {i: MemberReading.of(members[i]) for g in kept for i in g}
+        _set_groups(plan, [g for g in kept if g])
         grouped = {i for g in plan.groups for i in g}
         plan.graph = tuple(i for i in range(n) if i not in grouped)
         plan.reasons.update(shared)
@@ -111,7 +150,8 @@ def plan_engines(
         plan.graph = tuple(range(n))
         plan.reasons = {i: f'data="{data}" runs on the graph engine.' for i in range(n)}
     else:
-        _group(members, plan, alone_on_graph=BACKEND.graph_engine and fuse == "auto", shared=shared)
+        plan.readings = {i: MemberReading.of(m) for i, m in enumerate(members) if i not in shared}
+        _group(plan, n, alone_on_graph=BACKEND.graph_engine and fuse == "auto", shared=shared)
     if fuse is True and plan.graph:
         reasons = "; ".join(f"member {i}: {plan.reasons[i]}" for i in plan.graph)
         raise ValueError(f"Invalid value for argument `fuse`: True, but {reasons}\n{plan}")
@@ -146,30 +186,25 @@ def build_engines(
     return engines
 
 
-def optimizer_moves(
-    engines: Sequence[Engine], members: Sequence[keras.Model], optimizers: Sequence[Any]
-) -> dict[int, str]:
-    """The members of gradient engines that the pack's vectorized optimizer cannot train
-    as their own fits would, and why (a sentence per member index).
+def optimizer_moves(plan: EnginePlan, optimizers: Sequence[Any]) -> dict[int, str]:
+    """The fused members that the pack's vectorized optimizer cannot train as their own
+    fits would, and why (a sentence per member index): decided from `plan`'s readings,
+    without reading the members again.
 
     Args:
-        engines: the pack's engines.
-        members: the pack's members.
+        plan: the pack's plan.
         optimizers: each member's optimizer, in member order.
     """
     reasons = {}
-    for engine in engines:
-        if not isinstance(engine, GradientEngine):
+    for i in (i for group in plan.groups for i in group):
+        try:
+            settings = member_settings(i, optimizers[i])
+        except ValueError as e:
+            reasons[i] = str(e)
             continue
-        for i in engine.member_ids:
-            try:
-                settings = member_settings(i, optimizers[i])
-            except ValueError as e:
-                reasons[i] = str(e)
-                continue
-            reason = _sparse_difference(members[i], settings)
-            if reason:
-                reasons[i] = reason
+        reason = _sparse_difference(plan.readings[i], settings)
+        if reason:
+            reasons[i] = reason
     return reasons
 
 
@@ -182,7 +217,9 @@ def move_to_graph(
 ) -> list[Engine]:
     """Takes the members `reasons` names out of their fused groups, onto the graph engine.
 
-    The members first take their engines' current weights; `plan` is updated in place.
+    The members first take their engines' current weights; `plan` is updated in place: a
+    group that loses members is inspected again from its members' readings, the others
+    keep theirs.
 
     Args:
         plan: the pack's plan.
@@ -197,7 +234,7 @@ def move_to_graph(
     for engine in engines:
         engine.sync_members()
     groups = [tuple(i for i in g if i not in reasons) for g in plan.groups]
-    _set_groups(plan, members, [g for g in groups if g])
+    _set_groups(plan, [g for g in groups if g])
     plan.graph = tuple(sorted({*plan.graph, *reasons}))
     plan.reasons.update(reasons)
     return build_engines(plan, members, options)
@@ -210,8 +247,9 @@ def _graph_engine_class() -> type[Engine]:
     return GraphEngine
 
 
-def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
-    """Why a fused `member` would train differently from its TensorFlow fit, or `None`.
+def _sparse_difference(reading: MemberReading, settings: Any) -> str | None:
+    """Why a fused member (`reading`) would train differently from its TensorFlow fit, or
+    `None`.
 
     On TensorFlow an `Embedding` table gets a sparse gradient (one slice per occurrence of a
     token in the batch), and Keras's optimizers apply their element-wise operations to each
@@ -219,9 +257,7 @@ def _sparse_difference(member: keras.Model, settings: Any) -> str | None:
     fused engine, like Keras on JAX and torch, squares their sum. Only optimizers whose
     update is linear in the gradient (SGD, Lion, without clipping) agree.
     """
-    if not BACKEND.sparse_embedding_gradients or not any(
-        isinstance(layer, keras.layers.Embedding) for layer in _all_layers(member)
-    ):
+    if not BACKEND.sparse_embedding_gradients or not reading.embedding:
         return None
     if settings.rule.linear_in_gradient and not any(settings.clip.values()):
         return None
@@ -241,19 +277,22 @@ def _all_layers(model: keras.Layer) -> Iterator[keras.Layer]:
         yield from _all_layers(layer)
 
 
-def _set_groups(
-    plan: EnginePlan, members: Sequence[keras.Model], groups: list[tuple[int, ...]]
-) -> None:
-    """Sets `plan`'s fused groups, with each group's report and padding waste."""
+def _set_groups(plan: EnginePlan, groups: list[tuple[int, ...]]) -> None:
+    """Sets `plan`'s fused groups, with each group's report, fusion plan and padding waste:
+    a group `plan` holds already keeps its own, a new one is inspected from the readings."""
+    held = dict(zip(plan.groups, zip(plan.reports, plan.fusion_plans, plan.waste)))
     plan.groups, plan.reports, plan.waste, plan.fusion_plans = groups, [], [], []
     for group in groups:
-        report, fusion_plan = inspect_members([members[i] for i in group])
-        report.member_ids = list(group)
+        if group in held:
+            report, fusion_plan, waste = held[group]
+        else:
+            report, fusion_plan = plan.inspect(group)
+            report.member_ids = list(group)
+            waste = 0.0
+            if fusion_plan is not None:
+                waste = cost.GroupCosts(fusion_plan).waste(range(len(group)))
         plan.reports.append(report)
         plan.fusion_plans.append(fusion_plan)
-        waste = 0.0
-        if fusion_plan is not None:
-            waste = cost.GroupCosts(fusion_plan).waste(range(len(group)))
         plan.waste.append(waste)
 
 
@@ -317,13 +356,9 @@ def _shared_error(shared: dict[int, str]) -> str:
     )
 
 
-def _group(
-    members: Sequence[keras.Model],
-    plan: EnginePlan,
-    alone_on_graph: bool,
-    shared: dict[int, str],
-) -> None:
-    """Fills `plan` with fused groups of members that fuse together, and the rest.
+def _group(plan: EnginePlan, count: int, alone_on_graph: bool, shared: dict[int, str]) -> None:
+    """Fills `plan` with fused groups of the `count` members that fuse together, and the
+    rest, from the members' readings (each set of members inspected once).
 
     Members with the same skeleton (the same calls, sizes and depths aside) are inspected
     together; those that do not fuse as a whole are split into sets that do
@@ -332,40 +367,40 @@ def _group(
     take the least estimated time, merging members of equal sizes first. Members in
     `shared` (they share layers) go to the graph engine.
     """
+    inspect = functools.cache(plan.inspect)
     classes: dict[Any, list[int]] = {}
-    for i, member in enumerate(members):
-        if i in shared:
-            continue
-        graph, _ = member_graph(member)
+    for i, reading in plan.readings.items():
+        graph = reading.graph
         key = ("alone", i) if graph is None else template.skeleton(graph)
         classes.setdefault(key, []).append(i)
     graph_members = list(shared)
     plan.reasons.update(shared)
     for class_ids in classes.values():
-        for ids, report, fusion_plan, why_alone in _fusable_sets(members, class_ids):
+        for ids, report, fusion_plan, why_alone in _fusable_sets(plan, inspect, class_ids):
             costs = None
             if report.fusable:
                 costs = cost.GroupCosts(fusion_plan)
                 exact: dict[Any, list[int]] = {}
                 for position, i in enumerate(ids):
-                    exact.setdefault(fusion_signature(members[i]), []).append(position)
+                    signature = converter.graph_signature(plan.readings[i].graph)
+                    exact.setdefault(signature, []).append(position)
                 parts = [
                     [ids[p] for p in part] for part in cost.partition(costs, list(exact.values()))
                 ]
             else:
                 parts = [ids]
             for part in parts:
-                part = _ordered(part, members, ids, costs)
+                part = _ordered(part, plan.readings, ids, costs)
                 part_report, part_plan = report, fusion_plan
                 if part != list(ids):
-                    part_report, part_plan = inspect_members([members[i] for i in part])
+                    part_report, part_plan = inspect(tuple(part))
                 if not part_report.fusable:
                     reason = _first_reason(part_report, part)
                     graph_members.extend(part)
                     plan.reasons.update({i: reason for i in part})
                 elif len(part) == 1 and alone_on_graph:
                     graph_members.extend(part)
-                    plan.reasons[part[0]] = _alone_reason(len(members), why_alone)
+                    plan.reasons[part[0]] = _alone_reason(count, why_alone)
                 else:
                     part_report.member_ids = list(part)
                     plan.groups.append(tuple(part))
@@ -386,8 +421,9 @@ def _alone_reason(count: int, why_alone: str | None) -> str:
     return alone + (f"; with the others: {why_alone}" if why_alone else ".")
 
 
-def _fusable_sets(members: Sequence[keras.Model], ids: list[int]) -> list[tuple]:
-    """`ids` split into sets of members that fuse together, as few as it can find.
+def _fusable_sets(plan: EnginePlan, inspect: Callable, ids: list[int]) -> list[tuple]:
+    """`ids` split into sets of members that fuse together, as few as it can find, from
+    `plan`'s readings; `inspect` is `plan.inspect`, remembering each set's answer.
 
     Returns `(set, report, fusion plan, why alone)` for each set: the members' report and
     plan, and for a set of one in a class of several, why it does not fuse with the largest
@@ -400,24 +436,22 @@ def _fusable_sets(members: Sequence[keras.Model], ids: list[int]) -> list[tuple]
     class fuse as a whole; a class that does not fuse within itself is split member by
     member the same way. Each join is checked on the whole set, so the sets always fuse.
     """
-    report, fusion_plan = inspect_members([members[i] for i in ids])
+    report, fusion_plan = inspect(tuple(ids))
     if report.fusable or len(ids) == 1:
         return [(list(ids), report, fusion_plan, None)]
     classes: dict[Any, list[int]] = {}
     for i in ids:
-        classes.setdefault(template.padded_signature(member_graph(members[i])[0]), []).append(i)
+        classes.setdefault(template.padded_signature(plan.readings[i].graph), []).append(i)
     units: list[list[int]] = []
     for class_ids in classes.values():
-        if len(class_ids) == 1 or inspect_members([members[i] for i in class_ids])[0].fusable:
+        if len(class_ids) == 1 or inspect(tuple(class_ids))[0].fusable:
             units.append(class_ids)
         else:
             units.extend([i] for i in class_ids)
     sets: list[list[int]] = []
     for unit in units:
         for joined in sets:
-            if inspect_members([members[joined[0]], members[unit[0]]])[0].fusable and (
-                inspect_members([members[i] for i in joined + unit])[0].fusable
-            ):
+            if inspect((joined[0], unit[0]))[0].fusable and inspect((*joined, *unit))[0].fusable:
                 joined.extend(unit)
                 break
         else:
@@ -425,18 +459,18 @@ def _fusable_sets(members: Sequence[keras.Model], ids: list[int]) -> list[tuple]
     result = []
     for found in sets:
         found.sort()
-        found_report, found_plan = inspect_members([members[i] for i in found])
+        found_report, found_plan = inspect(tuple(found))
         why_alone = None
         if len(found) == 1 and len(sets) > 1 and found_report.fusable:
             largest = max((other for other in sets if other is not found), key=len)
             pair = [largest[0], found[0]]
-            why_alone = _first_reason(inspect_members([members[i] for i in pair])[0], pair)
+            why_alone = _first_reason(inspect(tuple(pair))[0], pair)
         result.append((found, found_report, found_plan, why_alone))
     return result
 
 
 def _ordered(
-    part: list[int], members: Sequence[keras.Model], ids: list[int], costs: Any
+    part: list[int], readings: dict[int, MemberReading], ids: list[int], costs: Any
 ) -> list[int]:
     """`part` in the order its group stacks it.
 
@@ -449,11 +483,11 @@ def _ordered(
     it rather than one per run. Otherwise (Python's sort is stable) members keep their
     order in the pack, so the step needs no gather of their per-member state.
     """
-    families = sorted({_optimizer_family(members[i]) for i in part})
+    families = sorted({readings[i].optimizer_family for i in part})
     sliced = [] if costs is None else costs.sliced_calls([ids.index(i) for i in part])
 
     def key(i: int) -> tuple:
-        family = families.index(_optimizer_family(members[i]))
+        family = families.index(readings[i].optimizer_family)
         has = () if costs is None else costs.layers_of(ids.index(i), sliced)
         return (family, has if family % 2 == 0 else tuple(-x for x in has))
 

@@ -115,8 +115,11 @@ def fusion_signature(model):
     `fusion_report` of a group still has the last word.
     """
     graph, why = member_graph(model)
-    if why:
-        return None
+    return None if why else graph_signature(graph)
+
+
+def graph_signature(graph):
+    """`fusion_signature` of a member already read: `graph` is its `MemberGraph`."""
     signature = []
     for node in graph.nodes:
         layer = node.operation

@@ -67,12 +67,16 @@ class FusedModel(keras.Model):
         """Whether XLA pays for this model on a CPU: no fused layer says otherwise."""
         return all(getattr(layer, "xla_pays_on_cpu", True) for layer in self.graph.layers)
 
-    def member_variable_map(self, members: Sequence[keras.Model]) -> list:
+    def member_variable_map(
+        self, members: Sequence[keras.Model], graphs: Sequence[Any] | None = None
+    ) -> list:
         """Pair every fused variable with the member variables it stacks.
 
         Args:
             members: The N member models, structured like those the model was built
                 from. Defaults to none (required).
+            graphs: the members' `MemberGraph`s where they were read already (a
+                `FusionPlan`'s); `None` reads them. Defaults to `None`.
 
         Returns:
             A list of `(fused_variable, parts)`, trainable and non-trainable variables
@@ -92,12 +96,8 @@ class FusedModel(keras.Model):
                 f"fused model of {self.n_members} members. Pass the {self.n_members} "
                 "members it was built from."
             )
-        graphs = []
-        for i, member in enumerate(members):
-            graph, why = converter.member_graph(member)
-            if why:
-                raise ValueError(f"Member {i} cannot be mapped onto the fused model: {why}.")
-            graphs.append(graph)
+        if graphs is None:
+            graphs = [_mapped_graph(i, member) for i, member in enumerate(members)]
         pairs = []
         for layer in self.graph.layers:
             positions = self.layer_index.get(layer.name)
@@ -124,15 +124,19 @@ class FusedModel(keras.Model):
         book.map_members, book.map_loads, book.map_pairs = members, book.loads, pairs
         return pairs
 
-    def load_from_members(self, members: Sequence[keras.Model]) -> None:
+    def load_from_members(
+        self, members: Sequence[keras.Model], graphs: Sequence[Any] | None = None
+    ) -> None:
         """Copy every member's weights into its slice of the stacked weights.
 
         Padding (what no member owns) is set to zero.
 
         Args:
             members: The N member models. Defaults to none (required).
+            graphs: the members' `MemberGraph`s where they were read already, as for
+                `member_variable_map`. Defaults to `None`.
         """
-        for fused_variable, parts in self.member_variable_map(members):
+        for fused_variable, parts in self.member_variable_map(members, graphs):
             if all(variable is None for variable, _ in parts):
                 continue  # The layer's own (the settings a slot holds), not the members'.
             value = np.zeros(fused_variable.shape, dtype=fused_variable.dtype)
@@ -370,9 +374,17 @@ def fuse_planned(
         layer_index=layer_index,
         name=graph.name,
     )
-    fused.load_from_members(members)
+    fused.load_from_members(members, plan.graphs)
     logger.debug("Fused %d members into %s.", len(members), fused.name)
     return fused
+
+
+def _mapped_graph(i: int, member: keras.Model) -> Any:
+    """Member `i`'s `MemberGraph`, or an error saying why it cannot be mapped."""
+    graph, why = converter.member_graph(member)
+    if why:
+        raise ValueError(f"Member {i} cannot be mapped onto the fused model: {why}.")
+    return graph
 
 
 def _member_config(fused_layer: Any) -> dict:

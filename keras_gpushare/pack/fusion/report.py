@@ -128,13 +128,19 @@ def _model_problems(graphs):
 
 def inspect_members(members):
     """Return `(report, plan)`; `plan` (a `FusionPlan`) is `None` unless the members fuse."""
-    report = FusionReport(n_members=len(members))
-    if len(members) == 0:
+    return inspect_graphs([converter.member_graph(model) for model in members])
+
+
+def inspect_graphs(read):
+    """`inspect_members` for members already read: `read` holds each member's
+    `converter.member_graph` answer, `(graph, why)`, so that a member read once can be
+    inspected in several sets (the planner's)."""
+    report = FusionReport(n_members=len(read))
+    if len(read) == 0:
         report.problems.append("no members given; pass at least one model")
         return report, None
     graphs = []
-    for i, model in enumerate(members):
-        graph, why = converter.member_graph(model)
+    for i, (graph, why) in enumerate(read):
         if why:
             report.problems.append(f"member {i}: {why}")
         graphs.append(graph)
@@ -157,7 +163,7 @@ def inspect_members(members):
         if chain:
             capacity = template_capacity(template_nodes)
     plan = FusionPlan(graphs, template_nodes, chain, {}, capacity)
-    n = len(members)
+    n = len(read)
     for i in range(len(graphs[0].functional.inputs)):
         plan.layouts[("input", i)] = None
     for t, tnode in enumerate(template_nodes):
