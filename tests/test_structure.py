@@ -9,7 +9,9 @@ test`; the tests here plant offences in a copy of the package and see each tool 
 (b) Dependencies point one way: import-linter's other contracts (`pack`, `placement` and
     `monitor` independent of each other, `tuner` and `autopack` above them, the command
     line above all, no engine reaching `pack/model.py`, the fused engine above its stacked
-    losses and metrics, which import neither it nor each other).
+    losses and metrics, which import neither it nor each other, and `pack/model.py` above
+    its backrooms: `_compiling` and `_member_access`, which import neither each other nor
+    it, above `_loop`).
 (c) Every name the package reads or calls on an engine is declared on the engine classes of
     `pack/engines/base.py`, for that kind of engine: mypy (`[tool.mypy]`), which knows the
     pack's engines by their types (`ModelPack._engines`, `_gradient_engines`,
@@ -111,17 +113,22 @@ def test_planted_cycles_and_imports_against_the_direction_are_reported(tmp_path)
     """(a), (b): import-linter breaks each contract on a copy of the package with offences
     planted (a lazy import, one under `TYPE_CHECKING`, and one through a module of no part
     count)."""
-    summary = (PACKAGE / "pack" / "_summary.py").read_text()
+    summary = (PACKAGE / "pack" / "_member_access" / "_summary.py").read_text()
     stacked_loss = (PACKAGE / "pack" / "engines" / "_stacked_loss.py").read_text()
     copy = package_copy(
         tmp_path,
         {
             "pack/_planted.py": "def lazy():\n    from keras_gpushare import callbacks\n",
             "placement/_planted.py": "from keras_gpushare.tuner import oracle\n",
-            "pack/engines/_planted.py": "def f():\n    from keras_gpushare.pack import _summary\n",
+            "pack/engines/_planted.py": (
+                "def f():\n    from keras_gpushare.pack._member_access import _summary\n"
+            ),
             "pack/engines/_stacked_loss.py": stacked_loss + "\nfrom . import _stacked_metric\n",
             "pack/_loop/_planted.py": "def f():\n    from keras_gpushare.pack import _compiling\n",
-            "pack/_summary.py": summary + "\nfrom keras_gpushare.pack import model\n",
+            "pack/_member_access/_planted.py": "from keras_gpushare.pack import _compiling\n",
+            "pack/_member_access/_summary.py": (
+                summary + "\nfrom keras_gpushare.pack import model\n"
+            ),
             "placement/_cycle_a.py": (
                 "from typing import TYPE_CHECKING\n"
                 "if TYPE_CHECKING:\n"
@@ -137,12 +144,15 @@ def test_planted_cycles_and_imports_against_the_direction_are_reported(tmp_path)
     # The pack reaches the monitor through keras_gpushare.callbacks.
     assert "keras_gpushare.pack._planted -> keras_gpushare.callbacks" in out
     assert "keras_gpushare.placement._planted -> keras_gpushare.tuner.oracle" in out
-    assert "keras_gpushare.pack.engines._planted -> keras_gpushare.pack._summary" in out
+    assert (
+        "keras_gpushare.pack.engines._planted -> keras_gpushare.pack._member_access._summary" in out
+    )
     assert (
         "keras_gpushare.pack.engines._stacked_loss -> keras_gpushare.pack.engines._stacked_metric"
         in out
     )
     assert "keras_gpushare.pack._loop._planted -> keras_gpushare.pack._compiling" in out
+    assert "keras_gpushare.pack._member_access._planted -> keras_gpushare.pack._compiling" in out
     assert "No cycles are allowed in keras_gpushare.placement." in out
     assert "._cycle_b -> ._cycle_a (1 import)" in out
     assert "No cycles are allowed in keras_gpushare.pack." in out  # _summary <-> model

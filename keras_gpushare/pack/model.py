@@ -11,13 +11,10 @@ import keras
 from keras import ops
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack import _chief, _compiling, _loop, _replicas, planner
+from keras_gpushare.pack import _compiling, _loop, planner
 from keras_gpushare.pack import data as data_lib
 from keras_gpushare.pack import members as members_lib
-from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._member_access import MemberAccess
-from keras_gpushare.pack._status import ACTIVE
-from keras_gpushare.pack._summary import member_params, member_places, pack_summary
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
 from keras_gpushare.pack.fusion import base as fusion_base
 
@@ -198,40 +195,6 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
         padding share (`waste`); `fusion_report` is its text."""
         return self._fusion_report
 
-    def count_params(self) -> int:
-        """The members' own parameters, as N separate models hold them.
-
-        The fused engine's stacked weights hold more (members padded to the widest), which
-        `summary()` shows; a layer two members share is counted once.
-        """
-        return member_params(self._members)
-
-    def summary(
-        self,
-        line_length: int | None = None,
-        positions: Sequence[float] | None = None,
-        print_fn: Callable[..., Any] | None = None,
-        expand_nested: bool = False,
-        show_trainable: bool = False,
-        layer_range: Sequence[str] | None = None,
-    ) -> None:
-        """Prints one row per member: its model, where it trains, output shape, parameters,
-        optimizer and status; with `expand_nested=True`, each member's own `summary()` after
-        it (given the other arguments, as `keras.Model.summary` takes them)."""
-        pack_summary(
-            self.name,
-            self.members,
-            member_places(list(self._engines), len(self._members)),
-            self.status,
-            stored=member_params([self], trainable=True),
-            print_fn=print_fn,
-            expand_nested=expand_nested,
-            line_length=line_length,
-            positions=positions,
-            show_trainable=show_trainable,
-            layer_range=layer_range,
-        )
-
     def build(self, input_shape: Any = None) -> None:
         self.built = True
 
@@ -242,7 +205,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
         group's stacked output, say), one entry per engine the pack's optimizer updates.
         """
         if training:
-            active = ops.equal(ops.convert_to_tensor(self._status), ACTIVE)
+            active = self._active_members()
             return tuple(
                 engine.call(inputs, training=True, active=engine.member_rows(active))
                 for engine in self._gradient_engines
@@ -550,13 +513,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
 
     def _returning_member_logs(self, function: Any) -> Any:
         """`function` with the step's stacked logs expanded where its call returns."""
-        return _loop.expanding(function, self._expanded, BACKEND.stateless_steps)
-
-    def train_step(self, *args: Any) -> Any:
-        return _replicas.multi_worker_logs(super().train_step(*args))
-
-    def test_step(self, *args: Any) -> Any:
-        return _replicas.multi_worker_logs(super().test_step(*args))
+        return _loop.expanding(function, self._expanded)
 
     def compute_loss(
         self,
@@ -630,7 +587,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
         counts = _loop.fit_step_counts(given)
         frozen = _loop.OldObjectsFrozen(self.train_function is None)
         callbacks.append(frozen.callback())
-        clash = _replicas.collective_clash_explained()
+        clash = _loop.collective_clash_explained()
         with frozen, _loop.steps_for(self, self._auto_steps, callbacks, counts), clash:
             history = super().fit(
                 x,
@@ -679,7 +636,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
         there): the chief writes `filepath`, the other workers write nothing that stays.
         """
         _compiling.check_saveable(self.name, self._engines)
-        with _chief.chief_path(self, filepath) as path:
+        with _compiling.chief_path(self, filepath) as path:
             super().save(path, *args, **kwargs)
 
     def save_weights(self, filepath: Any, *args: Any, **kwargs: Any) -> None:
@@ -688,7 +645,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
         As `save`: on every worker, and only the chief's file stays.
         """
         sharded = kwargs.get("max_shard_size", args[1] if len(args) > 1 else None) is not None
-        with _chief.chief_path(self, filepath, whole=not sharded) as path:
+        with _compiling.chief_path(self, filepath, whole=not sharded) as path:
             super().save_weights(path, *args, **kwargs)
 
     def get_config(self) -> dict:

@@ -8,11 +8,14 @@ Its modules, each read by `model.py` through the names below:
   fallback for optimizers with no vectorized form.
 - `_member_loss`: each member's loss in the step, scaled per member (mixed precision).
 - `_building`: the members, their loss and metric state and the optimizers, from one batch.
-- `_saving`: the pack's config and compile config in a `.keras` file, and back.
+- `_saving`: the pack's config and compile config in a `.keras` file, and back; and
+  `chief_path` (of `pack/_chief.py`, which the loop reads too): where a worker writes the
+  pack's files under several workers.
 
 It never imports `model.py`; it may read the loop backroom (`_loop`), never the reverse.
 """
 
+from keras_gpushare.pack._chief import chief_path
 from keras_gpushare.pack._compiling._building import (
     build_from_batch,
     build_optimizers,
@@ -45,6 +48,7 @@ __all__ = [
     "build_from_batch",
     "build_optimizers",
     "check_saveable",
+    "chief_path",
     "compile_arguments",
     "distributed",
     "first_batch",

@@ -11,6 +11,9 @@ Its modules, each read by `model.py` through the names below:
 - `_progress`, `_watcher`, `_member_callbacks`, `_early_stopping`, `_pack_internals`: the
   callbacks a pack's `fit` runs, and what of the pack they read.
 - `_gc_freeze`: the first steps traced with Python's collector sparing older objects.
+- `collective_clash_explained` (of `pack/_replicas.py`, which the engines read too): a
+  `fit` under a `tf.distribute` strategy raising TensorFlow's clash of two strategies'
+  all-reduces with its cause.
 
 It never imports `model.py`, nor the compiling backroom (`_compiling`).
 """
@@ -32,6 +35,7 @@ from keras_gpushare.pack._loop._fit_args import (
 )
 from keras_gpushare.pack._loop._gc_freeze import OldObjectsFrozen
 from keras_gpushare.pack._loop._logs import expanded, expanding, step_logs
+from keras_gpushare.pack._replicas import collective_clash_explained
 
 if BACKEND.own_steps:
     # The pack's steps on TensorFlow, as Keras mixes in its `TensorFlowTrainer`.
@@ -49,6 +53,7 @@ __all__ = [
     "check_inputs",
     "check_labels",
     "check_shardable",
+    "collective_clash_explained",
     "device_loop",
     "evaluate_values",
     "expanded",

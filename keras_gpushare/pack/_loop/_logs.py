@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from keras import ops
 
+from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.engines.base import GroupFigures, StackedRatio, host_mean
 
 # Keys of the step's own logs: a group's stacked figure, a running mean's undivided total
@@ -109,16 +110,15 @@ def expanded(logs: dict, member_ids: Sequence[Sequence[int]], n_members: int) ->
     return result
 
 
-def expanding(
-    function: Callable[..., Any], expand: Callable[[dict], dict], stateless: bool
-) -> Callable[..., Any]:
+def expanding(function: Callable[..., Any], expand: Callable[[dict], dict]) -> Callable[..., Any]:
     """`function` (Keras's training or test function), returning the pack's logs.
 
     Args:
-        function: returns `step_logs`'s logs, or `(logs, state)` when `stateless`.
+        function: returns `step_logs`'s logs, or `(logs, state)` where the backend's steps
+            take and return the variables' state (JAX).
         expand: turns those logs into the pack's (`expanded` with the pack's layout).
-        stateless: whether `function` takes and returns the variables' state (JAX).
     """
+    stateless = BACKEND.stateless_steps
 
     def call(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)

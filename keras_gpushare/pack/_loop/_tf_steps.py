@@ -21,6 +21,7 @@ from keras import tree
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack._loop._pack_internals import PackInternals
+from keras_gpushare.pack._replicas import multi_worker_logs
 from keras_gpushare.pack._status import ACTIVE
 from keras_gpushare.pack.fusion import VectorizedOptimizer
 
@@ -95,9 +96,10 @@ class TensorFlowSteps(_Model):
         return value
 
     def train_step(self, data: Any) -> dict[str, tf.Tensor]:
-        """One training step of every engine; returns the pack's logs."""
+        """One training step of every engine; returns the pack's logs (shaped for several
+        workers: `_replicas.multi_worker_logs`)."""
         if not self._stepping_engines:
-            return super().train_step(data)
+            return multi_worker_logs(super().train_step(data))
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         engines = self._gradient_engines
         if engines:
@@ -117,12 +119,13 @@ class TensorFlowSteps(_Model):
             codes = stepping.train(data, tf.gather(status, ids))
             status = tf.tensor_scatter_nd_update(status, [[i] for i in ids], codes)
         self._status.assign(status)
-        return self._logs()
+        return multi_worker_logs(self._logs())
 
     def test_step(self, data: Any) -> dict[str, tf.Tensor]:
-        """One evaluation step of every engine on the whole batch; returns the pack's logs."""
+        """One evaluation step of every engine on the whole batch; returns the pack's logs
+        (shaped for several workers, as `train_step`'s)."""
         if not self._stepping_engines:
-            return super().test_step(data)
+            return multi_worker_logs(super().test_step(data))
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         engines = self._gradient_engines
         if engines:
@@ -132,7 +135,7 @@ class TensorFlowSteps(_Model):
                 engine.update_metrics(y, raw, sample_weight)
         for stepping in self._stepping_engines:
             stepping.test(data)
-        return self._logs()
+        return multi_worker_logs(self._logs())
 
 
 def count_failed_step(pack: PackInternals) -> None:

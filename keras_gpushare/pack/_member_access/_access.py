@@ -3,14 +3,15 @@
 
 Everything outside the pack that acts on one member goes through these methods: reading and
 refreshing the member models, their weights and learning rates, their status, and the slot
-operations (`load_member`, `reset_member`, `stop_member`). The pack provides `_engines`
-(its engines), `_members` (the member models), `_status` (the member status variable),
+operations (`load_member`, `reset_member`, `stop_member`); `summary()` and `count_params()`
+show the members as N separate models (`_summary`). The pack provides `_engines` (its
+engines), `_members` (the member models), `_status` (the member status variable),
 `optimizer`, `compiled` and `name`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -19,6 +20,7 @@ import numpy as np
 from keras_gpushare.pack import _slots
 from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack._loop import _fit_args
+from keras_gpushare.pack._member_access._summary import member_params, member_places, pack_summary
 from keras_gpushare.pack._status import ACTIVE, STATUS_NAMES, STOPPED_EARLY
 from keras_gpushare.pack.engines.base import Engine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
@@ -86,6 +88,45 @@ class MemberAccess(_Model):
         """Each member's state: `"active"`, `"frozen:nan"`, `"stopped:early"`, `"failed"`."""
         codes = keras.ops.convert_to_numpy(self._status.value)
         return [STATUS_NAMES[int(c)] for c in codes]
+
+    def _active_members(self) -> Any:
+        """Whether each member is still training (status `"active"`): a boolean tensor the
+        step reads."""
+        return keras.ops.equal(keras.ops.convert_to_tensor(self._status), ACTIVE)
+
+    def count_params(self) -> int:
+        """The members' own parameters, as N separate models hold them.
+
+        The fused engine's stacked weights hold more (members padded to the widest), which
+        `summary()` shows; a layer two members share is counted once.
+        """
+        return member_params(self._members)
+
+    def summary(
+        self,
+        line_length: int | None = None,
+        positions: Sequence[float] | None = None,
+        print_fn: Callable[..., Any] | None = None,
+        expand_nested: bool = False,
+        show_trainable: bool = False,
+        layer_range: Sequence[str] | None = None,
+    ) -> None:
+        """Prints one row per member: its model, where it trains, output shape, parameters,
+        optimizer and status; with `expand_nested=True`, each member's own `summary()` after
+        it (given the other arguments, as `keras.Model.summary` takes them)."""
+        pack_summary(
+            self.name,
+            self.members,
+            member_places(list(self._engines), len(self._members)),
+            self.status,
+            stored=member_params([self], trainable=True),
+            print_fn=print_fn,
+            expand_nested=expand_nested,
+            line_length=line_length,
+            positions=positions,
+            show_trainable=show_trainable,
+            layer_range=layer_range,
+        )
 
     def member(self, index: int) -> keras.Model:
         """Returns a standalone copy of member `index`: weights, compile settings, optimizer state.
