@@ -78,7 +78,9 @@ class EnginePlan:
     reasons: dict[int, str] = dataclasses.field(default_factory=dict)
     waste: list[float] = dataclasses.field(default_factory=list)
     fusion_plans: list[Any] = dataclasses.field(default_factory=list)
-    readings: dict[int, MemberReading] = dataclasses.field(default_factory=dict, repr=False)
+    readings: dict[int, MemberReading] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def inspect(self, ids: Sequence[int]) -> tuple[Any, Any]:
         """The `FusionReport` and `FusionPlan` (`None` unless they fuse) of the members

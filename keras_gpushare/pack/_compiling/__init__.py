@@ -12,7 +12,8 @@ Its modules, each read by `model.py` through the names below:
   `chief_path` (of `pack/_chief.py`, which the loop reads too): where a worker writes the
   pack's files under several workers.
 
-It never imports `model.py`; it may read the loop backroom (`_loop`), never the reverse.
+It never imports `model.py`, nor the member backroom (`_member_access`); it may read the
+loop backroom (`_loop`), never the reverse.
 """
 
 from keras_gpushare.pack._chief import chief_path

@@ -15,7 +15,8 @@ Its modules, each read by `model.py` through the names below:
   `fit` under a `tf.distribute` strategy raising TensorFlow's clash of two strategies'
   all-reduces with its cause.
 
-It never imports `model.py`, nor the compiling backroom (`_compiling`).
+It never imports `model.py`, nor the compiling or member backrooms (`_compiling`,
+`_member_access`).
 """
 
 from keras_gpushare.pack._backend import BACKEND
