@@ -30,7 +30,7 @@ import numpy as np
 from keras import tree
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack._loop._fit_args import needs_a_batch
+from keras_gpushare.pack.program import needs_a_batch
 
 _FIT_BATCH_SIZE = 32  # `fit`'s batch size when none is given
 

@@ -12,6 +12,7 @@ import keras
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.pack.program import open_program
 from keras_gpushare.tuner._data_orders import (
     DealOrders,
     OrderCheck,
@@ -335,7 +336,6 @@ def _fit_group(
         kwargs = dict(fit_kwargs)
         callbacks = [cb for run in runs for cb in run.callbacks]
         own_orders: list = []
-        data_mode: dict[str, Any] = {}
         if dealt:
             dealt_fit = dealt_arguments(fit_args, fit_kwargs, batch_size, len(runs))
             dataset, kwargs = dealt_fit
@@ -343,10 +343,8 @@ def _fit_group(
             pairs = [(trial_order(run, dealt_fit, fit_kwargs, start), run) for run in runs]
             feed, batch_size = (dataset,), None
             own_orders = [DealOrders(dataset, lambda: [o if r.active else None for o, r in pairs])]
-            data_mode = {"data": "shard", "_fused_shard": True}
-        # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
-        # scoring (best finite epoch, or INVALID) sees the same history.
-        pack = ModelPack([run.model for run in runs], fuse=calls.fuse, on_nan="ignore", **data_mode)
+        models = [run.model for run in runs]
+        pack = open_program(models, calls.fuse, settings_as_data=False, dealt=dealt)
         batch_hooks = calls.batch_hooks or implements_batch_hooks(callbacks)
         pack.compile(**_compile_args([run.model for run in runs], batch_hooks))
         calls.ledger.compiled(pack, [run.model for run in runs], slot_values=False)

@@ -9,36 +9,10 @@ from typing import Any
 import keras
 
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.pack.fusion import cost
-from keras_gpushare.pack.fusion.report import inspect_members
-from keras_gpushare.pack.planner import EnginePlan
+from keras_gpushare.pack.program import computed_flops, own_flops, program_flops
 
-
-def own_flops(model: keras.Model) -> float | None:
-    """`model`'s FLOPs a sample, as the planner's cost model counts them for one member
-    trained alone; None when it does not fuse (no estimate)."""
-    _, plan = inspect_members([model])
-    return None if plan is None else cost.GroupCosts(plan, batch=1).flops([0])[1]
-
-
-def computed_flops(plan: EnginePlan, slot_values: bool, members: list) -> float | None:
-    """The FLOPs a sample a step of a pack of engine plan `plan` computes: each fused group
-    padded to its widest member (in a pack built for slots, every slot computes every
-    layer), the graph engine's members at their own (`members`: the models the pack was
-    built from); None when one of those does not fuse (no estimate)."""
-    total = 0.0
-    for group, fusion_plan in zip(plan.groups, plan.fusion_plans):
-        costs = cost.GroupCosts(fusion_plan, batch=1)
-        if slot_values:
-            for call in costs.calls:
-                call.present_only = False
-        total += costs.flops(range(len(group)))[0]
-    for i in plan.graph:
-        own = own_flops(members[i])
-        if own is None:
-            return None
-        total += own
-    return total
+# The FLOPs counts, where `benchmarks/tuner.py` reads them too.
+__all__ = ["EpochCounter", "SearchLedger", "computed_flops", "own_flops"]
 
 
 class SearchLedger:
@@ -75,7 +49,7 @@ class SearchLedger:
     def compiled(self, pack: ModelPack, members: list, slot_values: bool) -> None:
         """A program (or a round's pack) was built for `members` and compiled."""
         self.programs += 1
-        self._packs[id(pack)] = computed_flops(pack.engine_plan, slot_values, members)
+        self._packs[id(pack)] = program_flops(pack, members, slot_values)
 
     def epoch(self, pack: ModelPack, trial_ids: Iterable[str]) -> None:
         """`pack` trains one epoch, its slots holding the executions of `trial_ids`."""

@@ -27,6 +27,7 @@ import keras
 import numpy as np
 
 from keras_gpushare.pack import ModelPack
+from keras_gpushare.pack.program import can_fuse_update, fuse_problem, fuse_update, open_program
 from keras_gpushare.tuner._data_orders import (
     DealOrders,
     DealtBatches,
@@ -48,7 +49,7 @@ from keras_gpushare.tuner._pack_executor import (
     _start_epoch,
 )
 from keras_gpushare.tuner._search_ledger import EpochCounter
-from keras_gpushare.tuner._space_plan import SpacePlan, fuse_problem, probe
+from keras_gpushare.tuner._space_plan import SpacePlan, probe
 from keras_gpushare.tuner._trial_callbacks import TrialRun, implements_batch_hooks
 from keras_gpushare.tuner._update_payback import expected_steps, fuse_update_pays
 
@@ -425,14 +426,10 @@ class SlotExecutor(PackExecutor):
         callbacks = [cb for run in runs for cb in run.callbacks]
         batch_hooks = self.calls.batch_hooks or implements_batch_hooks(callbacks)
         dealt = None
-        data_mode: dict[str, Any] = {}
         if self._orders.deals(runs, program=True):
             batch_size = _batch_size(runs[0], self._fit_kwargs)
             dealt = dealt_arguments(self._fit_args, self._fit_kwargs, batch_size, len(models))
-            data_mode = {"data": "shard", "_fused_shard": True}
-        pack = ModelPack(
-            models, fuse=self.calls.fuse, on_nan="ignore", _slot_values=True, **data_mode
-        )
+        pack = open_program(models, self.calls.fuse, settings_as_data=True, dealt=bool(dealt))
         pack.compile(**_compile_args(models, batch_hooks))
         self.calls.ledger.compiled(pack, models, slot_values=True)
         fused = self._fuse_update(pack, runs)
@@ -464,8 +461,7 @@ class SlotExecutor(PackExecutor):
     def _fuse_update(self, pack: ModelPack, runs: list[TrialRun]) -> bool:
         """Sets the program's optimizer to compile its update with XLA where the search's
         remaining steps repay it (`_update_payback`); whether it did."""
-        optimizer = pack.optimizer
-        if not getattr(optimizer, "can_fuse_update", False) or pack.jit_compile:
+        if not can_fuse_update(pack):
             return False
         remaining = self._feed.remaining_trials()
         trial_epochs = None
@@ -483,8 +479,9 @@ class SlotExecutor(PackExecutor):
             self._fit_kwargs,
         )
         parameters = sum(int(np.prod(w.shape)) for w in pack.trainable_weights)
-        optimizer.fuse_update = fuse_update_pays(steps, parameters)
-        return optimizer.fuse_update
+        fused = fuse_update_pays(steps, parameters)
+        fuse_update(pack, fused)
+        return fused
 
     def _begin(self, program: _Program, index: int, run: TrialRun) -> None:
         """The trial execution starts in slot `index`: its callbacks see `on_train_begin`."""

@@ -40,7 +40,7 @@ import keras
 import numpy as np
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack.fusion.report import inspect_members
+from keras_gpushare.pack.program import fuse_problem
 from keras_gpushare.tuner._executor import error_line
 
 # Builds of every point again while they declare hyperparameters the space lacked.
@@ -156,17 +156,6 @@ def _value(hp: Any, i: int) -> Any:
     if kind == "Int":
         return hp.max_value if i % 2 == 0 else hp.min_value
     return None
-
-
-def fuse_problem(model: keras.Model) -> str | None:
-    """Why `model` cannot be a fused member of a program (its layers that have no fused
-    form, say), or `None` when it can."""
-    report, plan = inspect_members([model])
-    if plan is not None and report.fusable:
-        return None
-    reasons = [*report.problems]
-    reasons += [f"layer `{v.name}` ({v.type}): {v.reason}" for v in report.layers if v.reason]
-    return "; ".join(reasons) or "it does not fuse"
 
 
 def probe(space: Any, build: Callable[[Any], keras.Model], slots: int) -> SpacePlan | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from keras_gpushare import _upstream
-from keras_gpushare.pack._loop._member_callbacks import member_logs
+from keras_gpushare.pack.program import member_logs
 from keras_gpushare.tuner import _own_files, _state
 from keras_gpushare.tuner._executor import TrialCalls
 
