@@ -12,16 +12,15 @@ sees the tuner. `ParallelTuner.__init__` builds one, once, from its `executor` a
   to the oracle and ends the trials as KerasTuner would; `one_at_a_time` runs them with
   KerasTuner's own loop instead).
 
-Adding an executor (for instance a slot executor, which streams trials through the fixed
-slots of one compiled program and re-initialises a slot when its trial ends) takes one new
-module with an `Executor` subclass, built from `TrialCalls` and the tuner's plain
-arguments, and one line in the choice `ParallelTuner.__init__` makes
-(`ParallelTuner._make_executor`, plus the name in `_check_arguments`). A round executor implements
-`run_round(trials, fit_args, fit_kwargs)` (a `RoundExecutor`); a streaming one implements
-`run(feed, fit_args, fit_kwargs)` itself, asking `feed.next_trials([slot])` for a trial
-whenever a slot is free and passing each ended trial's outcome to `feed.end_trials`. The
-"processes" executor's `run` is the tuner's chief: it serves the oracle to worker processes
-that run the trials (`_process_executor`).
+The in-process executor is `_program_executor.ProgramExecutor`: trials in programs (compiled
+packs with slots), kept and refilled (`executor="slots"`) or opened per round
+(`executor="pack"`). Another executor takes one new module with an `Executor` subclass,
+built from `TrialCalls` and the tuner's plain arguments, and one line in the choice
+`ParallelTuner.__init__` makes (`ParallelTuner._make_executor`, plus the name in
+`_check_arguments`): its `run(feed, fit_args, fit_kwargs)` asks `feed.next_trials(slots)`
+for trials whenever slots are free and passes each ended trial's outcome to
+`feed.end_trials`. The "processes" executor's `run` is the tuner's chief: it serves the
+oracle to worker processes that run the trials (`_process_executor`).
 """
 
 from __future__ import annotations
@@ -199,22 +198,3 @@ class AloneFallback(Executor):
             return
         why = f"this tuner runs every trial alone, one at a time, as KerasTuner does: {reason}"
         feed.one_at_a_time({"path": "alone", "why": why}, fit_args, fit_kwargs)
-
-
-class RoundExecutor(Executor):
-    """An executor that trains trials a round at a time: one trial per slot, then the next."""
-
-    def run(self, feed: TrialFeed, fit_args: tuple, fit_kwargs: dict) -> None:
-        while True:
-            trials = feed.next_trials(range(feed.slots))
-            if not trials:
-                return
-            feed.end_trials(trials, self.run_round(trials, fit_args, fit_kwargs))
-
-    def run_round(self, trials: list, fit_args: tuple, fit_kwargs: dict) -> dict:
-        """Trains `trials` together; nothing is reported to the oracle here.
-
-        Returns:
-            `{trial_id: TrialOutcome}` for every trial of the round.
-        """
-        raise NotImplementedError

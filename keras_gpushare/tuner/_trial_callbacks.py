@@ -15,7 +15,6 @@ from keras_gpushare.tuner._executor import TrialCalls
 if TYPE_CHECKING:
     from keras_tuner.engine.trial import Trial
 
-    from keras_gpushare.pack.model import ModelPack
 
 trial_module = _upstream.kt_trial_module()
 
@@ -114,8 +113,8 @@ class TrialRun:
         self.build_state = build_state
         self.index = -1
         self.active = True
-        # The epoch this execution trains next, where its pack's epochs are not its own (the
-        # slots executor's).
+        # The epoch this execution trains next (a program's epochs are not its own: a slot
+        # refilled mid-fit starts at its trial's first epoch).
         self.next_epoch = 0
         self.epochs: list[int] = []
         self.history: dict[str, list[float]] = {}
@@ -179,83 +178,3 @@ class TrialRun:
         history.epoch = list(self.epochs)
         history.set_model(self.model)
         return history
-
-
-class PackTrials(keras.callbacks.Callback):
-    """Dispatches the pack's `fit` events to each trial execution, under single-model names.
-
-    Each execution's callbacks see their own member as `self.model` and their own figures
-    (`val_loss`, not `val_m2_loss`); a callback that sets `model.stop_training` stops only
-    that member. Epoch and train events always reach them; train-batch events (and the
-    tuner's `on_batch_begin`/`on_batch_end`) only with `batch_hooks=True`, so that `fit`
-    otherwise keeps Keras's asynchronous dispatch.
-
-    Args:
-        pack: the `ModelPack` being trained.
-        runs: one `TrialRun` per member, in member order.
-        epochs: the `epochs` argument of the pack's `fit`.
-        optimizer_state: whether the trials' models get their optimizers' state at each
-            epoch end (for callbacks or tuner hooks that read it), or their weights alone.
-            Defaults to `True`.
-    """
-
-    def __init__(
-        self, pack: ModelPack, runs: list[TrialRun], epochs: int, optimizer_state: bool = True
-    ) -> None:
-        super().__init__()
-        self._pack = pack
-        self._runs = runs
-        self._epochs = epochs
-        for index, run in enumerate(runs):
-            run.index = index
-        self._optimizer_state = optimizer_state
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        for run in self._runs:
-            run.model.stop_training = False
-            for callback in run.callbacks:
-                callback.set_model(run.model)
-                callback.set_params(dict(self.params or {}))
-                callback.on_train_begin(member_logs(logs, run.index))
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        for run in self._runs:
-            if run.active:
-                run.begin_epoch(epoch, logs)
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        # The fused engine's member models are refreshed from its stacked weights, so
-        # checkpoints and callbacks see this epoch's weights; their optimizers' state only
-        # when a callback or a tuner hook of the user's may read it (checkpoints hold
-        # weights alone).
-        members = self._pack.refresh_members(optimizer_state=self._optimizer_state)
-        for run in self._runs:
-            if not run.active:
-                continue
-            run.end_epoch(epoch, logs, members[run.index])
-            if run.model.stop_training or epoch + 1 >= run.last_epoch:
-                run.active = False
-                if epoch + 1 < self._epochs:
-                    self._pack.stop_member(run.index)
-        if not any(run.active for run in self._runs) and epoch + 1 < self._epochs:
-            self._pack.stop_training = True
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        for checkpoint in {id(run.checkpoint): run.checkpoint for run in self._runs}.values():
-            checkpoint.write()
-        for run in self._runs:
-            run.end()
-
-
-class PackTrialsWithBatches(PackTrials):
-    """`PackTrials` that also forwards train-batch events to each active execution."""
-
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        for run in self._runs:
-            if run.active:
-                run.begin_batch(batch, logs)
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        for run in self._runs:
-            if run.active:
-                run.end_batch(batch, logs)

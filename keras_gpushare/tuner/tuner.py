@@ -253,9 +253,8 @@ class ParallelTuner(keras_tuner.Tuner):
         in its own process only serves the oracle, as KerasTuner's chief does: it is the
         processes executor's chief with no local worker.
         """
-        from keras_gpushare.tuner._pack_executor import PackExecutor
         from keras_gpushare.tuner._process_executor import ProcessExecutor, WorkerLaunch
-        from keras_gpushare.tuner._slot_executor import SlotExecutor
+        from keras_gpushare.tuner._program_executor import ProgramExecutor
 
         args, kwargs = self._init_call
 
@@ -270,12 +269,11 @@ class ParallelTuner(keras_tuner.Tuner):
             return processes(len(entries), entries)
         if _upstream.is_chief_oracle() and executor != "processes":
             return processes(0)
-        executors = {
-            "pack": lambda: AloneFallback(PackExecutor(self._trial_calls()), self._runs_alone),
-            "slots": lambda: AloneFallback(SlotExecutor(self._trial_calls()), self._runs_alone),
-            "processes": lambda: processes(self.parallel_trials),
-        }
-        return executors[executor]()
+        if executor == "processes":
+            return processes(self.parallel_trials)
+        # "slots": programs that refill their slots; "pack": programs of a round's trials.
+        programs = ProgramExecutor(self._trial_calls(), refills=executor == "slots")
+        return AloneFallback(programs, self._runs_alone)
 
     def _trial_calls(self) -> TrialCalls:
         """What an executor training trials in this process needs from this tuner."""

@@ -13,7 +13,7 @@ import keras_tuner
 import numpy as np
 
 from keras_gpushare.tuner._executor import TrialCalls, TrialFeed
-from keras_gpushare.tuner._slot_executor import SlotExecutor
+from keras_gpushare.tuner._program_executor import ProgramExecutor
 
 FIT = dict(epochs=2, batch_size=16, shuffle=False, verbose=0)
 # (units, hidden layers, learning rate): trials 2-4 differ from the first two in every one.
@@ -106,7 +106,7 @@ def _assert_each_trains_as_alone(feed):
 
 def test_trials_stream_through_two_slots_and_train_as_alone(tmp_path):
     feed = _Feed()
-    executor = SlotExecutor(_calls(tmp_path))
+    executor = ProgramExecutor(_calls(tmp_path), refills=True)
     executor.run(TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT))
 
     assert sorted(feed.outcomes) == [f"{i:02d}" for i in range(len(TRIALS))]
@@ -140,7 +140,7 @@ def test_a_trial_waiting_for_a_program_keeps_the_oracle_busy(tmp_path):
     The oracle is asked with `running=True` meanwhile, so the search goes on to the end."""
     wide = len(TRIALS)
     feed = _Feed(trials=[0, 1, wide, 2], in_turn=True)
-    SlotExecutor(_calls(tmp_path)).run(
+    ProgramExecutor(_calls(tmp_path), refills=True).run(
         TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT)
     )
 
@@ -167,7 +167,7 @@ def test_a_long_search_fuses_its_programs_update_and_trials_still_train_as_alone
         feed = _Feed()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="keras_gpushare.tuner"):
-            SlotExecutor(_calls(tmp_path)).run(
+            ProgramExecutor(_calls(tmp_path), refills=True).run(
                 TrialFeed(2, feed.next_trials, feed.end_trials, remaining_trials=remaining),
                 _data(),
                 dict(FIT),
@@ -189,7 +189,8 @@ def test_a_program_planned_from_the_space_takes_every_trial_and_each_trains_as_a
     calls = dataclasses.replace(_calls(tmp_path), space=space.copy)
     wide = len(TRIALS)
     feed = _Feed(trials=[0, 1, wide, 2, 3, 4])
-    SlotExecutor(calls).run(TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT))
+    executor = ProgramExecutor(calls, refills=True)
+    executor.run(TrialFeed(2, feed.next_trials, feed.end_trials), _data(), dict(FIT))
 
     paths = {k: o.path for k, o in feed.outcomes.items()}
     assert sorted(paths) == ["00", "01", "02", "03", "04", f"{wide:02d}"]
