@@ -598,8 +598,9 @@ class ParallelTuner(keras_tuner.Tuner):
         - `"group"`: its fused group and the other trials in it (`"fused"`, `"mixed"`).
         - `"program"` and `"slot"`: the number of the compiled program the trial trained in
           and its slot there (`"slot"`).
-        - `"split"`: only when the round's pack raised and each of its trials was then
-          packed alone to find the culprit: that pack and its error.
+        - `"split"`: only when a program (a round's pack, or a slots program) of several
+          trials raised and each of its trials was then given a program alone to find the
+          culprit: that program and its error.
 
         A trial run again (a retried INVALID trial, or one interrupted and resumed) shows
         its last run. Trials that ran in another process report no path there: a chief
