@@ -61,7 +61,7 @@ import numpy as np  # noqa: E402
 from _tuner_spaces import SPACES, make_data  # noqa: E402
 
 import keras_gpushare as kg  # noqa: E402
-from keras_gpushare.tuner._search_ledger import computed_flops, own_flops  # noqa: E402
+from keras_gpushare.pack.program import computed_flops, own_flops  # noqa: E402
 
 DEVICES = kg.share_gpu()  # memory growth: the processes executor's workers share the GPU
 

@@ -9,10 +9,7 @@ from typing import Any
 import keras
 
 from keras_gpushare.pack import ModelPack
-from keras_gpushare.pack.program import computed_flops, own_flops, program_flops
-
-# The FLOPs counts, where `benchmarks/tuner.py` reads them too.
-__all__ = ["EpochCounter", "SearchLedger", "computed_flops", "own_flops"]
+from keras_gpushare.pack.program import own_flops, program_flops
 
 
 class SearchLedger:
