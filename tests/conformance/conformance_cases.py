@@ -818,6 +818,24 @@ def known_failure(case: str, engine: str, aspect: str, backend: str = BACKEND) -
     return None
 
 
+# The runs `make test` leaves to `make test-all` (`slow`): each repeats code that another run
+# of `make test` compares with plain Keras on the same backend. Members of other widths
+# (padded) read the data as same-width members do; on TensorFlow and JAX every vectorized
+# optimizer's steps are compared with each member's own optimizer in
+# tests/pack/fusion/test_vectorized_optimizer.py, so the matrix keeps one optimizer of each
+# kind there (torch, which does not run that file, keeps every optimizer case).
+_DATA_READS = ("steps_per_epoch", "generator_steps_per_epoch", "py_dataset_workers")
+_OPTIMIZERS_IN_MAKE_TEST = ("optimizer_Adam", "optimizer_Adafactor")
+
+
+def in_make_test(case: Case, engine: str, backend: str = BACKEND) -> bool:
+    """Whether `(case, engine)` runs in `make test` on `backend` (else only in test-all)."""
+    if engine == "widths" and case.name in _DATA_READS:
+        return False
+    single_optimizer = case.name.removeprefix("optimizer_") in OPTIMIZERS
+    return not single_optimizer or backend == "torch" or case.name in _OPTIMIZERS_IN_MAKE_TEST
+
+
 def skip_reason(case: Case, engine: str, backend: str = BACKEND) -> str | None:
     """Why `(case, engine)` does not run on `backend`, or None."""
     if engine == "graph" and backend != "tensorflow":

@@ -8,7 +8,7 @@ import csv
 
 import keras
 import pytest
-from conformance_cases import CASES, case_aspects, known_failure, skip_reason
+from conformance_cases import CASES, case_aspects, in_make_test, known_failure, skip_reason
 from conformance_harness import (
     assert_callback_calls,
     assert_evaluate_dict,
@@ -33,6 +33,8 @@ def cells(aspect):
             skip = skip_reason(case, engine)
             if skip:
                 marks.append(pytest.mark.skip(reason=skip))
+            if not in_make_test(case, engine):
+                marks.append(pytest.mark.slow)
             reason = known_failure(case.name, engine, aspect)
             if reason:
                 marks.append(pytest.mark.xfail(strict=True, reason=reason))
