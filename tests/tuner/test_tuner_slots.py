@@ -26,6 +26,15 @@ import keras_gpushare as kg  # noqa: E402
 FIT = dict(epochs=2, validation_split=0.25, shuffle=False, verbose=0)
 
 
+# How trials are planned into programs and slots is the same code on every backend: on
+# TensorFlow, where the default executor is "pack", `make test` runs one search that
+# streams trials through refilled slots against KerasTuner, and the planning tests below run
+# with the slow tests (`make test-all`); on JAX, where slots are the default, in `make test`.
+def planning(test):
+    """`test`, marked `slow` on TensorFlow."""
+    return pytest.mark.slow(test) if keras.backend.backend() == "tensorflow" else test
+
+
 def _data():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 6)).astype("float32")
@@ -93,6 +102,7 @@ def _families(hp) -> keras.Model:
     return model
 
 
+@planning
 def test_trials_of_other_optimizer_families_share_the_slots(tmp_path):
     reference = _search(tmp_path, "kt", hypermodel=_families, seed=2)
     tuner = _search(tmp_path, "slots", hypermodel=_families, seed=2)
@@ -125,6 +135,7 @@ def _deeper_at_high_rates(hp) -> keras.Model:
     return model
 
 
+@planning
 def test_a_trial_that_fits_no_slot_opens_a_program_and_still_matches(tmp_path):
     reference = _search(tmp_path, "kt", max_trials=6, hypermodel=_deeper_at_high_rates, seed=1)
     tuner = _search(tmp_path, "slots", max_trials=6, hypermodel=_deeper_at_high_rates, seed=1)
@@ -168,6 +179,7 @@ def test_a_trial_that_cannot_fuse_trains_alone_and_its_path_names_the_layer(tmp_
         assert f"trial {trial_id}" in path["why"], path
 
 
+@planning
 def test_searched_layers_share_one_capacity(tmp_path):
     """A program's searched Dense layers hold the widest width and every activation of
     any of them: a trial whose second layer is wider, or uses another activation, than the
