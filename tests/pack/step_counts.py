@@ -258,6 +258,7 @@ def fit_one_batch(config: dict, n: int, jit_compile: bool):
     if config.get("class_weight"):
         kwargs["class_weight"] = {c: 1.0 + 0.1 * c for c in range(10)}
     pack.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=1, verbose=0, **kwargs)
+    assert pack.engine == "fused", pack.fusion_report
     return pack, x, y, sample_weight
 
 
