@@ -25,20 +25,27 @@ if os.environ["KERAS_BACKEND"] == "tensorflow":
     )
 
 
-# The files whose tests start processes or run whole searches (the slowest, 40-200 s of CPU
-# time each on the 2-core CI machine), slowest first. `make test` hands files to its two
-# workers in collection order (`--no-loadscope-reorder`): starting with these leaves the many
-# short files to even out the end, where a slow file dealt last would run alone.
+# The files that take longest (the TensorFlow run's `--durations`, 2026-12-07: 130-930 s of
+# CPU time each on the 2-core CI machine under load), slowest first. `make test` hands files
+# to its two workers in collection order (`--no-loadscope-reorder`): starting with these
+# leaves the many short files to even out the end, where a slow file dealt last would run
+# alone.
 SLOW_FILES_FIRST = (
-    "tests/tuner/test_tuner_resume.py",
-    "tests/tuner/test_tuner_processes.py",
-    "tests/distribute/test_multi_worker_pack.py",
-    "tests/tuner/conformance/test_conformance_results.py",
-    "tests/test_examples.py",
+    "tests/conformance/test_conformance_matrix.py",
+    "tests/pack/test_stacked_step.py",
+    "tests/pack/fusion/test_fused_padding.py",
     "tests/tuner/conformance/test_conformance_behaviour.py",
-    "tests/tuner/test_tuner_pack.py",
+    "tests/pack/test_pack_slots.py",
     "tests/distribute/test_mirrored_pack.py",
+    "tests/tuner/conformance/test_conformance_results.py",
     "tests/tuner/test_tuner_devices.py",
+    "tests/tuner/test_tuner_pack.py",
+    "tests/autopack/test_autopack_cli.py",
+    "tests/pack/test_member_copy_state.py",
+    "tests/tuner/test_tuner_paths.py",
+    "tests/tuner/test_tuner_slots.py",
+    "tests/test_docstring_examples.py",
+    "tests/distribute/test_multi_worker_pack.py",
 )
 
 
