@@ -37,10 +37,11 @@ demo: $(VENV)/.base
 	$(VENV)/bin/keras-gpushare bench --quick --suggest
 
 # The tests `make test` leaves out (`-m "not slow"`): see the marker in pyproject.toml. It
-# keeps every fast test, each public feature and error on every backend that claims it, and
-# each differential test at its smallest size that still shows a wrong result; the larger
-# twins, the executors and engines a claim is also tested on and the worker-process twins
-# are `slow`. The aim: at most 20 minutes on a quiet 2-core machine.
+# keeps every fast test, each public feature and error on every backend that claims it, each
+# differential test at its smallest size that still shows a wrong result, and the counting
+# tests at one member and 256; the larger twins, the executors, engines and optimizers a
+# claim is also tested on and the worker-process twins are `slow`. The aim: at most 20
+# minutes on a quiet 2-core machine (README.md says the last measurement).
 TEST_SELECTION ?= -m "not slow"
 JAX_TESTS := tests/test_upstream.py tests/pack/fusion tests/pack/test_pack_shard_fused.py tests/pack/test_stacked_step.py tests/pack/test_device_loop.py tests/test_docstring_examples.py tests/pack/test_program_cache.py tests/pack/test_one_time_compiles.py tests/pack/test_pack_unregistered_objects.py tests/pack/test_member_copy_state.py tests/pack/test_gc_freeze.py tests/pack/test_member_build.py tests/pack/test_pack_shared_layers.py tests/pack/test_pack_output.py tests/pack/test_pack_member_errors.py tests/pack/test_pack_fused.py tests/pack/test_pack_mixed_precision.py tests/pack/test_pack_mixed.py tests/pack/test_pack_slots.py tests/tuner/test_tuner_slots.py tests/tuner/test_slot_executor.py tests/tuner/conformance/test_conformance_results.py tests/tuner/conformance/test_conformance_behaviour.py tests/tuner/test_tuner_pack.py tests/tuner/test_tuner_resume.py tests/tuner/test_tuner_devices.py tests/tuner/test_space_plan.py tests/tuner/test_search_ledger.py tests/pack/test_backend_seam.py tests/pack/engines tests/conformance
 
