@@ -11,6 +11,14 @@ import tuner_helpers as th
 import keras_gpushare as kg
 
 
+def off_jax(test):
+    """`test`, marked `slow` on JAX: the pack executor's own handling of trials (Python,
+    the same on every backend) is tested in `make test` on TensorFlow, where it is the
+    default; on JAX, whose default is "slots", `make test` keeps its random search and
+    argument checks."""
+    return pytest.mark.slow(test) if keras.backend.backend() == "jax" else test
+
+
 def _search(tmp_path, name, oracle=None, build=th.build_mlp, callbacks=None, **kwargs):
     tuner = kg.tuner.ParallelTuner(
         build,
@@ -54,6 +62,7 @@ def test_random_search_runs_every_trial_with_its_own_results(tmp_path):
     assert tuner.get_best_hyperparameters(1)[0].values == best_trial.hyperparameters.values
 
 
+@off_jax
 def test_hyperband_promotes_trials_from_their_parents_weights(tmp_path):
     oracle = keras_tuner.oracles.HyperbandOracle(
         objective="val_loss", max_epochs=3, factor=3, seed=2
@@ -72,6 +81,7 @@ def test_hyperband_promotes_trials_from_their_parents_weights(tmp_path):
         assert parent.status == "COMPLETED"
 
 
+@off_jax
 def test_failing_trials_fail_alone_and_the_pack_completes(tmp_path):
     hp = keras_tuner.HyperParameters()
     hp.Choice("mode", ["ok", "raise", "diverge", "ok2"])
@@ -101,6 +111,7 @@ class _StopWideModels(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+@off_jax
 def test_a_callback_stops_only_its_own_trial(tmp_path):
     _StopWideModels.seen = []
     tuner = _search(
@@ -138,6 +149,7 @@ class _TunerReadingOptimizers(kg.tuner.ParallelTuner):
         super().on_epoch_end(trial, model, epoch, logs=logs)
 
 
+@off_jax
 def test_callbacks_and_tuner_hooks_see_their_trials_optimizer_state(tmp_path):
     # 96 training samples, batch size 32: as plain `fit`, 3 optimizer steps an epoch.
     expected = sorted((epoch, 3 * (epoch + 1)) for epoch in range(3) for _ in range(2))
@@ -200,6 +212,7 @@ def test_oracle_arguments_configure_the_default_oracle(tmp_path):
     assert inner.tune_new_entries is False
 
 
+@off_jax
 def test_a_pack_whose_fit_raises_retrains_its_trials_alone(tmp_path, caplog):
     hp = keras_tuner.HyperParameters()
     hp.Choice("mode", ["ok", "bad", "ok2"])
@@ -211,6 +224,7 @@ def test_a_pack_whose_fit_raises_retrains_its_trials_alone(tmp_path, caplog):
     assert "training each trial alone" in caplog.text
 
 
+@off_jax
 def test_trials_of_other_lengths_train_in_packs_of_their_own(tmp_path):
     # Hyperband's first round mixes trials of 1, 3 and 9 epochs: in one pack, most of its
     # steps would compute trials that have ended, so each length gets its own pack.
