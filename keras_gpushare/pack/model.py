@@ -17,6 +17,7 @@ from keras_gpushare.pack import members as members_lib
 from keras_gpushare.pack._member_access import MemberAccess
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine, SteppingEngine
 from keras_gpushare.pack.fusion import base as fusion_base
+from keras_gpushare.pack.fusion import settings as fusion_settings
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +99,17 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
                 '"ignore".'
             )
         groups = kwargs.pop("groups", None)
-        # Fused layers hold their members' settings as data, so `load_member` takes models
-        # of other widths, activations and dropout rates (the tuner's slots).
-        slot_mode = bool(kwargs.pop("_slot_values", False))
+        # `_slot_values=True`: fused layers and the optimizer hold their members' settings
+        # as data, so `load_member` takes models of other widths, activations, dropout
+        # rates and optimizers (the tuner's slots); constants of the step otherwise.
+        held = kwargs.pop("_slot_values", False)
+        settings = fusion_settings.HELD if held else fusion_settings.CONSTANTS
         # `data="shard"` fused on TensorFlow too (the tuner's programs, whose batches always
         # split evenly among the members; elsewhere it fuses anyway).
         fused_shard = bool(kwargs.pop("_fused_shard", False))
-        with fusion_base.slot_values(slot_mode):
-            plan = planner.plan_engines(members, fuse, data, groups=groups, fused_shard=fused_shard)
+        plan = planner.plan_engines(
+            members, fuse, data, groups=groups, fused_shard=fused_shard, settings=settings
+        )
         super().__init__(name=name, **kwargs)
         self._members = _loop.Items(members)
         self._data_mode = data
@@ -116,9 +120,8 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
         self._options = EngineOptions(
             tuple(data_lib.output_count(m) for m in members), on_nan=on_nan, data_mode=data
         )
-        self._slot_values = slot_mode
-        with fusion_base.slot_values(self._slot_values):
-            self._set_engines(planner.build_engines(plan, members, self._options))
+        self._settings = settings
+        self._set_engines(planner.build_engines(plan, members, self._options))
         self._status = self.add_weight(
             name="member_status",
             shape=(len(members),),
@@ -361,14 +364,13 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
                     self._members,
                     self._engines,
                     self._options,
-                    self._slot_values,
                 )
             )
         return _compiling.pack_optimizer(
             optimizers,
             self._gradient_engines,
             skip_nonfinite=self._on_nan == "freeze",
-            slot_values=self._slot_values,
+            settings=self._settings,
         )
 
     def _distributed(self) -> bool:
@@ -653,7 +655,7 @@ class ModelPack(*_loop.BACKEND_STEPS, MemberAccess, keras.Model):  # type: ignor
             "data": self._data_mode,
             "fuse": self._fuse,
             "on_nan": self._on_nan,
-            "_slot_values": self._slot_values,
+            "_slot_values": self._settings.held,
         }
         return _compiling.pack_config(
             self.name, self._members, options, self.engine, self._gradient_engines

@@ -28,6 +28,7 @@ from keras_gpushare.pack.engines.fused import FusedEngine
 from keras_gpushare.pack.fusion import converter, cost, template
 from keras_gpushare.pack.fusion._member_settings import member_settings
 from keras_gpushare.pack.fusion.report import inspect_graphs
+from keras_gpushare.pack.fusion.settings import CONSTANTS, Settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,8 @@ class EnginePlan:
             with (its engine builds the fused model from it).
         readings: the `MemberReading` of each member the planner may fuse, by member
             index: what `compile` re-plans from, without reading the members again.
+        settings: how the fused layers and the optimizer hold the members' settings
+            (`fusion.settings`), the same for every group.
     """
 
     groups: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
@@ -78,6 +81,7 @@ class EnginePlan:
     reasons: dict[int, str] = dataclasses.field(default_factory=dict)
     waste: list[float] = dataclasses.field(default_factory=list)
     fusion_plans: list[Any] = dataclasses.field(default_factory=list)
+    settings: Settings = CONSTANTS
     readings: dict[int, MemberReading] = dataclasses.field(
         default_factory=dict, repr=False, compare=False
     )
@@ -85,7 +89,8 @@ class EnginePlan:
     def inspect(self, ids: Sequence[int]) -> tuple[Any, Any]:
         """The `FusionReport` and `FusionPlan` (`None` unless they fuse) of the members
         `ids`, in that order, from their readings."""
-        return inspect_graphs([(self.readings[i].graph, self.readings[i].why) for i in ids])
+        read = [(self.readings[i].graph, self.readings[i].why) for i in ids]
+        return inspect_graphs(read, self.settings)
 
     def __str__(self) -> str:
         n = sum(len(g) for g in self.groups) + len(self.graph)
@@ -112,6 +117,7 @@ def plan_engines(
     data: str,
     groups: Sequence[Sequence[int]] | None = None,
     fused_shard: bool = False,
+    settings: Settings = CONSTANTS,
 ) -> EnginePlan:
     """Plans the engines for `members`.
 
@@ -124,6 +130,8 @@ def plan_engines(
             saved plan); the other members go to the graph engine.
         fused_shard: fuse `data="shard"` members on TensorFlow too (the tuner's programs,
             whose batches always split evenly).
+        settings: how the fused layers and the optimizer hold the members' settings
+            (`fusion.settings`); the plan keeps it, for every group it fuses.
 
     Raises:
         ValueError: with `fuse=True` when some member cannot fuse, or when members need the
@@ -133,7 +141,7 @@ def plan_engines(
     shared = shared_weights(members)
     if shared and not BACKEND.graph_engine:
         raise ValueError(_shared_error(shared))
-    plan = EnginePlan()
+    plan = EnginePlan(settings=settings)
     if groups is not None:
         kept = [tuple(i for i in g if i not in shared) for g in groups]
         plan.readings = {i: MemberReading.of(members[i]) for g in kept for i in g}
@@ -437,6 +445,7 @@ def _fusable_sets(plan: EnginePlan, inspect: Callable, ids: list[int]) -> list[t
     each class joins the first set whose first member it fuses with, when the set and the
     class fuse as a whole; a class that does not fuse within itself is split member by
     member the same way. Each join is checked on the whole set, so the sets always fuse.
+    Members are inspected with the plan's settings (see `plan_engines`).
     """
     report, fusion_plan = inspect(tuple(ids))
     if report.fusable or len(ids) == 1:

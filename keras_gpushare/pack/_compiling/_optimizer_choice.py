@@ -20,7 +20,7 @@ from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack._compiling._optimizers import MemberOptimizers
 from keras_gpushare.pack.engines.base import Engine, EngineOptions, GradientEngine
 from keras_gpushare.pack.fusion import VectorizedOptimizer
-from keras_gpushare.pack.fusion import base as fusion_base
+from keras_gpushare.pack.fusion.settings import Settings
 
 logger = logging.getLogger("keras_gpushare.pack.model")
 
@@ -29,7 +29,7 @@ def pack_optimizer(
     optimizers: list,
     gradient_engines: Sequence[GradientEngine],
     skip_nonfinite: bool,
-    slot_values: bool,
+    settings: Settings,
 ) -> keras.optimizers.Optimizer:
     """The optimizer Keras sees: vectorized over the gradient engines, or the members' own.
 
@@ -37,7 +37,7 @@ def pack_optimizer(
         optimizers: each member's optimizer, in member order.
         gradient_engines: the engines whose members the pack's optimizer updates.
         skip_nonfinite: skip a member's non-finite update (`on_nan="freeze"`).
-        slot_values: whether the fused layers hold their members' settings as data.
+        settings: how the pack holds its members' settings (`fusion.settings`).
     """
     if not gradient_engines:
         return MemberOptimizers(optimizers)
@@ -45,7 +45,7 @@ def pack_optimizer(
         optimizers,
         groups=[engine.member_ids for engine in gradient_engines],
         skip_nonfinite=skip_nonfinite,
-        slot_values=slot_values,
+        settings=settings,
     )
     optimizer.set_variable_groups(
         [
@@ -67,7 +67,6 @@ def graph_fallback(
     members: Sequence[keras.Model],
     engines: Sequence[Engine],
     options: EngineOptions,
-    slot_values: bool,
 ) -> list[Engine]:
     """The engines with the members `reasons` names moved from their fused groups to the
     graph engine, or raises where the graph engine cannot take them.
@@ -81,7 +80,6 @@ def graph_fallback(
         members: the pack's members.
         engines: the pack's engines.
         options: the engines' options.
-        slot_values: whether the fused layers hold their members' settings as data.
     """
     reason = next(iter(reasons.values()))
     if fuse is True or not BACKEND.graph_engine:
@@ -95,14 +93,13 @@ def graph_fallback(
             f"Invalid value for argument `optimizer`: {reason} This pack was compiled "
             "with these members fused before; build a new pack to train them."
         )
-    with fusion_base.slot_values(slot_values):
-        moved = planner.move_to_graph(
-            plan,
-            list(members),
-            list(engines),
-            {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
-            options,
-        )
+    moved = planner.move_to_graph(
+        plan,
+        list(members),
+        list(engines),
+        {i: f"not fused: its optimizer cannot be vectorized: {r}" for i, r in reasons.items()},
+        options,
+    )
     message = (
         f"ModelPack {pack_name}: members {sorted(reasons)} train on the graph engine, "
         f"not fused: {reason}"

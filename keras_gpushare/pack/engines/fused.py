@@ -449,7 +449,7 @@ class FusedEngine(GradientEngine):
         if why is not None:
             exact = super().load_problem(j, model, optimizer)
             return exact if exact is None or not self.fused.holds_slots else why
-        if optimizer.slot_values:
+        if optimizer.settings.held:
             optimizer_problem = optimizer.load_problem(self.member_ids[j], model.optimizer)
         else:
             optimizer_problem = _slots.optimizer_difference(

@@ -1,6 +1,6 @@
 """What a program built for slots holds beyond its first members: the template's capacity.
 
-A pack built for slots (`slot_values`) takes later models into its slots when each of its
+A pack built for slots (`settings.HELD`) takes later models into its slots when each of its
 fused layers holds what the model needs: a `Dense` as wide, an activation among those it
 computes. Built from its first members only, each layer holds just their widths and
 activations, so a later trial of a search loop (`for i in range(hp.Int("num_layers", ...))`

@@ -1,7 +1,7 @@
 """A slot program's optimizer choices as data: which family, its hyperparameters, decay.
 
 A `VectorizedOptimizer` built for a program whose slots take other trials
-(`slot_values=True`) holds the families its members were built with (Adam and SGD, say)
+(`settings="held"`) holds the families its members were built with (Adam and SGD, say)
 and updates every member with each family's rule, keeping the result of its own; each
 family's float hyperparameters and the weight decays are per-member variables (optax's
 `inject_hyperparams`). What stays a constant of the compiled step is checked here before a

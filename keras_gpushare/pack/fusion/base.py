@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.fusion import layout as layout_lib
+from keras_gpushare.pack.fusion import settings as settings_lib
 
 # Set while the converter builds fused layers whose every weight it then overwrites with the
 # members' values: their initializers would only cost time (on JAX, one XLA compile of a
@@ -25,26 +26,6 @@ def members_loaded_after() -> Iterator[None]:
         yield
     finally:
         _MEMBERS_LOADED_AFTER.reset(token)
-
-
-# Set while fused layers are built to take other members later (`load_member`): the
-# per-member settings they declare as `slot_keys` are then variables of the compiled step.
-_SLOT_VALUES = contextvars.ContextVar("slot_values", default=False)
-
-
-@contextlib.contextmanager
-def slot_values(enabled: bool = True) -> Iterator[None]:
-    """Fused layers built inside hold their `slot_keys` settings as data (see `FusedLayer`)."""
-    token = _SLOT_VALUES.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _SLOT_VALUES.reset(token)
-
-
-def slot_values_enabled() -> bool:
-    """Whether fused layers built now hold their settings as data (`slot_values`)."""
-    return _SLOT_VALUES.get()
 
 
 def host_zeros(shape, dtype=None):
@@ -113,10 +94,11 @@ class FusedLayer(keras.layers.Layer):
       Members whose layer uses or makes a mask do not fuse otherwise.
     - `slot_keys` (class attribute, optional): config keys (a width, an activation, a
       rate) that the layer can hold as per-member variables instead of constants of the
-      compiled step. A layer built for slots (`slot_values`) does so, and then takes a new
-      member in place: `slot_problem(layer)` says why `layer` does not fit the slot (a
-      width over the fused layer's, an activation it does not compute), and
-      `load_member(j, layer)` writes `layer`'s weights and settings into slot `j`.
+      compiled step. A layer given `settings.HELD` (`settings=` of `__init__` and
+      `from_member`, kept as `self.settings`) does so, and then takes a new member in
+      place: `slot_problem(layer)` says why `layer` does not fit the slot (a width over
+      the fused layer's, an activation it does not compute), and `load_member(j, layer)`
+      writes `layer`'s weights and settings into slot `j`.
     - `xla_pays_on_cpu` (class attribute, optional): set it to `False` when XLA's CPU
       backend computes the layer no faster than TensorFlow's own kernels (convolutions,
       pooling), so compiling a step holding it only costs time: `jit_compile="auto"` then
@@ -189,16 +171,17 @@ class FusedLayer(keras.layers.Layer):
     slot_keys: tuple[str, ...] = ()
     xla_pays_on_cpu = True
 
-    def __init__(self, n_members, member_config, input_stacked=True, **kwargs):
+    def __init__(self, n_members, member_config, input_stacked=True, settings=None, **kwargs):
         super().__init__(**kwargs)
         self.n_members = int(n_members)
         self.member_config = dict(member_config)
         self.input_stacked = input_stacked
-        self.slot_values = bool(self.slot_keys) and bool(
-            self.member_config.get("slot_values", _SLOT_VALUES.get())
-        )
-        if self.slot_values:
-            self.member_config["slot_values"] = True
+        if settings is None:
+            settings = settings_lib.named(self.member_config.get("settings"))
+        # How this layer holds its `slot_keys` settings (`settings.CONSTANTS` or `HELD`).
+        self.settings = settings if settings.holds(type(self)) else settings_lib.CONSTANTS
+        if self.settings.held:
+            self.member_config["settings"] = self.settings.name
 
     def add_slot_variable(self, name, values, dtype):
         """A `(n_members,)` variable holding one setting per member (`slot_keys`)."""
@@ -275,14 +258,17 @@ class FusedLayer(keras.layers.Layer):
         member_layers=(),
         input_layouts=None,
         capacity=None,
+        settings=None,
     ):
         """Create the fused form of `layer` (a member's) for `n_members` members.
 
         `member_layers` (every member's layer, `None` where a member skips it) supplies
         the `per_member_keys` and `size_keys` values; `input_layouts` the padding of the
         inputs; `capacity` (only for classes declaring `template_capacity`, built for
-        slots) what the layer holds beyond its members (`_capacity.template_capacity`).
-        Override when the fused class needs more than `layer.get_config()`.
+        slots) what the layer holds beyond its members (`_capacity.template_capacity`);
+        `settings` (only for classes declaring `slot_keys`) how the layer holds them
+        (`settings.HELD`; defaults to constants). Override when the fused class needs more
+        than `layer.get_config()`.
         """
         config = layer.get_config()
         keys = cls.member_keys()
@@ -300,6 +286,7 @@ class FusedLayer(keras.layers.Layer):
             name=layer.name,
             trainable=layer.trainable,
             dtype=layer.dtype_policy,
+            settings=settings,
         )
 
     def per_member(self, key):

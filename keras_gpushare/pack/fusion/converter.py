@@ -9,7 +9,6 @@ from keras import KerasTensor
 
 from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import _masks, registry
-from keras_gpushare.pack.fusion.base import slot_values_enabled
 from keras_gpushare.pack.fusion.layers_core import FusedBroadcast, FusedSkip, skip_name
 
 _IGNORED_KEYS = ("name", "seed")
@@ -348,15 +347,18 @@ def _template_positions(graphs, template):
     return positions
 
 
-def _fused_layer(tnode, n_members, flags, layouts, taken, capacity):
+def _fused_layer(tnode, n_members, flags, layouts, taken, capacity, settings):
     """The fused layer for template call `tnode`, made from every member's layer, told
-    which of its inputs are stacked (`flags`), their layouts and what it holds beyond its
-    members (`capacity`, built for slots), and named apart from the names in `taken`."""
+    which of its inputs are stacked (`flags`), their layouts, what it holds beyond its
+    members (`capacity`, built for slots) and how it holds their settings (`settings`,
+    for a class that can hold them as data), and named apart from the names in `taken`."""
     layer = tnode.first.operation
     fused_class = registry.fused_form(type(layer))
     stacked_flags = flags if len(flags) > 1 else flags[0]
     member_layers = [None if n is None else n.operation for n in tnode.nodes]
     extra = {"capacity": capacity} if capacity else {}
+    if settings.holds(fused_class):
+        extra["settings"] = settings
     fused = fused_class.from_member(
         layer, n_members, stacked_flags, member_layers, input_layouts=layouts, **extra
     )
@@ -381,7 +383,9 @@ def build_graph(plan, n_members, input_mode):
     """
     graphs, template = plan.graphs, plan.template
     functional = graphs[0].functional
-    slot_mode = plan.chain and slot_values_enabled()
+    settings = plan.settings
+    # Held settings: a slot may take a model of another depth, leaving out any call it can.
+    slots_skip = plan.chain and settings.held
     stacked_inputs = input_mode == "stacked"
     new_inputs = _fused_inputs(functional, n_members, stacked_inputs)
     tensors = {("input", i): new for i, new in enumerate(new_inputs)}
@@ -435,7 +439,9 @@ def build_graph(plan, n_members, input_mode):
         if fused is None:
             layouts = [plan.layouts.get(key) for key in sources]
             taken = {*layer_index, *input_names}
-            fused = _fused_layer(tnode, n_members, flags, layouts, taken, plan.capacity.get(t))
+            fused = _fused_layer(
+                tnode, n_members, flags, layouts, taken, plan.capacity.get(t), settings
+            )
             fused_layers[id(layer)] = fused
             layer_index[fused.name] = [
                 None if n is None else graphs[i].layers.index(n.operation)
@@ -443,15 +449,16 @@ def build_graph(plan, n_members, input_mode):
             ]
         outputs = keras.tree.flatten(fused(inputs, **others))
         skips = bool(tnode.skipped) or (
-            slot_mode
+            slots_skip
             and fused.output_stacked
             and _may_skip(tnode.first, tensors[sources[0]], outputs[0])
         )
         if skips:
             present = [n is not None for n in tnode.nodes]
-            outputs[0] = FusedSkip(n_members, {"present": present}, name=skip_name(fused.name))(
-                [stacked_tensor(sources[0]), outputs[0]]
+            skip = FusedSkip(
+                n_members, {"present": present}, name=skip_name(fused.name), settings=settings
             )
+            outputs[0] = skip([stacked_tensor(sources[0]), outputs[0]])
         for j, new in enumerate(outputs):
             tensors[("node", t, j)] = new
             stacked[("node", t, j)] = fused.output_stacked or skips

@@ -8,6 +8,7 @@ from keras_gpushare import _upstream
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.fusion import _padding
 from keras_gpushare.pack.fusion import layout as layout_lib
+from keras_gpushare.pack.fusion import settings as settings_lib
 from keras_gpushare.pack.fusion._checks import padded_activation_problem, unsupported_options
 from keras_gpushare.pack.fusion._checks import regularizer as _regularizer
 from keras_gpushare.pack.fusion.base import FusedLayer, fold, unfold
@@ -62,14 +63,14 @@ class FusedDense(FusedLayer):
         self.member_units = [int(u or 0) for u in self.per_member("units")]
         # Members that leave the layer out (a depth search's shallower ones) have no units.
         self.present = [i for i, u in enumerate(self.member_units) if u]
-        if self.slot_values:
+        if self.settings.held:
             # Which members skip the layer is data (`FusedSkip.slot_present`).
             self.present = list(range(self.n_members))
-        capacity = self.member_config.get("slot_capacity", {}) if self.slot_values else {}
+        capacity = self.member_config.get("slot_capacity", {}) if self.settings.held else {}
         self.units = max(*self.member_units, capacity.get("units", 0))
         self.member_bias = [bool(b) for b in self.per_member("use_bias")]
         # Built for slots, every member may have a bias: a member loaded later may use one.
-        self.use_bias = any(self.member_bias) or self.slot_values
+        self.use_bias = any(self.member_bias) or self.settings.held
         self.out_layout = layout_lib.prefix(self.member_units, self.units)
         specs = [spec for spec in self.per_member("activation") if spec is not None]
         specs += capacity.get("activation", [])
@@ -109,7 +110,7 @@ class FusedDense(FusedLayer):
         self.bias_mask = _padding.mask_or_none(bias_layout)
         self._in_layout = in_layout
         in_units = in_layout.sum(axis=1)
-        if self.slot_values and np.array_equal(in_layout, layout_lib.prefix(in_units, in_dim)):
+        if self.settings.held and np.array_equal(in_layout, layout_lib.prefix(in_units, in_dim)):
             specs = [repr(spec) for spec in self.activation_specs]
             own = [repr(spec) for spec in self.per_member("activation")]
             self.slot_in_units = self.add_slot_variable("slot_in_units", in_units, "int32")
@@ -118,11 +119,11 @@ class FusedDense(FusedLayer):
                 "slot_activation", [specs.index(a) if a in specs else 0 for a in own], "int32"
             )
             self.slot_bias = self.add_slot_variable("slot_bias", self.member_bias, "float32")
-        elif self.slot_values:
+        elif self.settings.held:
             # Features padded other than as a prefix (after a padded convolution, say):
             # where each member's features lie is a constant of the step.
-            self.slot_values = False
-            self.member_config.pop("slot_values")
+            self.settings = settings_lib.CONSTANTS
+            self.member_config.pop("settings")
 
     def _slot_layout(self, i):
         """Member `i`'s input and output features and whether it has a bias, as now held."""
@@ -134,7 +135,7 @@ class FusedDense(FusedLayer):
     def member_weight_index(self, k, i):
         if k > 1:
             return None, None
-        if self.slot_values:
+        if self.settings.held:
             rows, cols, bias = self._slot_layout(i)
             padded = True
         else:
@@ -193,7 +194,7 @@ class FusedDense(FusedLayer):
         in_dim = self.kernel.shape[1]
         stacked = self.input_is_stacked()
         lead = ops.shape(inputs)[1:-1] if stacked else ops.shape(inputs)[:-1]
-        padded = self.slot_values or self.kernel_mask is not None
+        padded = self.settings.held or self.kernel_mask is not None
         masks_activations = padded and self._masks_activations(inputs)
         kernel = self.kernel
         if padded and not masks_activations:
@@ -222,37 +223,37 @@ class FusedDense(FusedLayer):
         y = ops.reshape(y, (n, *lead, units))
         if self.bias is not None:
             bias = self.bias
-            if self.slot_values:
+            if self.settings.held:
                 bias = bias * self._out_mask(bias.dtype)[:, 0, :] * self._slot_bias(bias.dtype)
             else:
                 bias = _padding.masked(bias, self.bias_mask)
             y = y + self.member_broadcast(bias, len(y.shape))
-        if self.slot_values:
+        if self.settings.held:
             return self._slot_activate(y)
         return self.activate(y)
 
     def _input_padded(self):
         """Whether some member may own fewer input features than the kernel holds: a
         replicated input is every member's whole input."""
-        if self.slot_values:
+        if self.settings.held:
             return self.input_is_stacked()
         return not layout_lib.is_full(self._in_layout)
 
     def _in_mask(self, dtype):
         """`(N, 1, in)`: ones where a member owns the input feature."""
-        if not self.slot_values:
+        if not self.settings.held:
             return self._activation_mask(self._in_layout, dtype)
         return _prefix_mask(self.slot_in_units, self.kernel.shape[1], dtype)
 
     def _out_mask(self, dtype):
         """`(N, 1, units)`: ones where a member owns the output feature."""
-        if not self.slot_values:
+        if not self.settings.held:
             return self._activation_mask(self.out_layout, dtype)
         return _prefix_mask(self.slot_units, self.units, dtype)
 
     def _kernel_mask(self, dtype):
         """`(N, in, units)`: ones where a member owns the kernel entry."""
-        if not self.slot_values:
+        if not self.settings.held:
             return ops.convert_to_tensor(self.kernel_mask.astype("float32"), dtype=dtype)
         return ops.transpose(self._in_mask(dtype), (0, 2, 1)) * self._out_mask(dtype)
 
@@ -478,7 +479,7 @@ class FusedDropout(FusedLayer):
         self.seed_generator = keras.random.SeedGenerator(member_config.get("seed"))
 
     def build(self, input_shape):
-        if self.slot_values:
+        if self.settings.held:
             self.slot_rate = self.add_slot_variable("slot_rate", self.rates, "float32")
 
     def member_weight_index(self, k, i):
@@ -489,16 +490,16 @@ class FusedDropout(FusedLayer):
 
     def call(self, inputs, training=None):
         x = self.to_stacked(inputs)
-        if not training or not (any(self.rates) or self.slot_values):
+        if not training or not (any(self.rates) or self.settings.held):
             return x
-        if len(set(self.rates)) == 1 and not self.slot_values:
+        if len(set(self.rates)) == 1 and not self.settings.held:
             return keras.random.dropout(
                 x, self.rates[0], noise_shape=self.noise_shape, seed=self.seed_generator
             )
         shape = ops.shape(x)
         if self.noise_shape is not None:
             shape = [shape[i] if d is None else d for i, d in enumerate(self.noise_shape)]
-        if self.slot_values:
+        if self.settings.held:
             keep = 1.0 - ops.cast(self.slot_rate, x.dtype)
         else:
             keep = ops.convert_to_tensor([1.0 - r for r in self.rates], dtype=x.dtype)
@@ -746,7 +747,7 @@ class FusedSkip(FusedLayer):
     A member of a depth search with fewer layers than the others skips the extra ones:
     its tensor passes through them unchanged. The layer's input and output are stacked;
     the narrower of the two is widened with zeros (padding) to the other's width. Built for
-    slots (`slot_values`), which members skip is data (`slot_present`), set by
+    slots (`settings.HELD`), which members skip is data (`slot_present`), set by
     `set_present` when a model of another depth is loaded into a slot.
 
     Args:
@@ -771,7 +772,7 @@ class FusedSkip(FusedLayer):
     slot_keys = ("present",)
 
     def build(self, input_shape):
-        if self.slot_values:
+        if self.settings.held:
             present = [float(p) for p in self.member_config["present"]]
             self.slot_present = self.add_slot_variable("slot_present", present, "float32")
 
@@ -783,7 +784,7 @@ class FusedSkip(FusedLayer):
         x, y = inputs
         width = max(x.shape[-1], y.shape[-1])
         x, y = _widen(x, width), _widen(y, width)
-        if self.slot_values:
+        if self.settings.held:
             present = ops.greater(self.slot_present, 0.5)
         else:
             present = ops.convert_to_tensor(np.asarray(self.member_config["present"]))

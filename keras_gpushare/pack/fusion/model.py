@@ -9,7 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_gpushare.pack.fusion import converter, registry
-from keras_gpushare.pack.fusion.base import members_loaded_after
+from keras_gpushare.pack.fusion.base import FusedLayer, members_loaded_after
 from keras_gpushare.pack.fusion.layers_core import FusedSkip, skip_name
 from keras_gpushare.pack.fusion.report import inspect_members
 
@@ -147,14 +147,16 @@ class FusedModel(keras.Model):
 
     @property
     def holds_slots(self) -> bool:
-        """Whether some fused layer holds its members' settings as data (`slot_values`)."""
-        return any(getattr(layer, "slot_values", False) for layer in self.graph.layers)
+        """Whether some fused layer holds its members' settings as data (`settings.HELD`)."""
+        return any(
+            isinstance(layer, FusedLayer) and layer.settings.held for layer in self.graph.layers
+        )
 
     def slot_layers(self, model: keras.Model) -> tuple[list, str | None]:
         """How `model` takes a slot by values: its layer for each fused layer, or why not.
 
         It can when every fused layer it uses holds its members' settings as data
-        (`FusedLayer.slot_values`) and `model`'s layers are this model's calls in order,
+        (`FusedLayer.settings`) and `model`'s layers are this model's calls in order,
         each within what its fused layer holds, leaving out only calls a slot may skip
         (those followed by a `FusedSkip`: a model of another depth, or without a
         `Dropout`).
@@ -208,7 +210,7 @@ class FusedModel(keras.Model):
             positions[fused_layer.name] = position
             if skip is not None:
                 skip.set_present(j, layer is not None)
-            if not fused_layer.slot_values:
+            if not fused_layer.settings.held:
                 continue
             if layer is None:
                 fused_layer.clear_member(j)
@@ -263,7 +265,7 @@ class _SlotBook:
 
 def _slot_problem(fused_layer: Any, layer: Any) -> str | None:
     """Why `layer` cannot take a slot of `fused_layer` by values, or `None`."""
-    if fused_layer.weights and not fused_layer.slot_values:
+    if fused_layer.weights and not fused_layer.settings.held:
         return f"the slot's layer `{fused_layer.name}` holds its settings as constants"
     if any(
         value is not None
@@ -274,7 +276,7 @@ def _slot_problem(fused_layer: Any, layer: Any) -> str | None:
     fused_class = registry.fused_form(type(layer))
     if fused_class is not type(fused_layer):
         return f"its layer `{layer.name}` is a `{type(layer).__name__}`"
-    keys = fused_layer.slot_keys if fused_layer.slot_values else ()
+    keys = fused_layer.slot_keys if fused_layer.settings.held else ()
     config = converter.comparable_config(layer.get_config(), keys)
     expected = converter.comparable_config(_member_config(fused_layer), keys)
     if config != expected:
@@ -283,7 +285,7 @@ def _slot_problem(fused_layer: Any, layer: Any) -> str | None:
             f"its layer `{layer.name}` sets `{key}={config.get(key)!r}` where the slot's "
             f"has {expected.get(key)!r}"
         )
-    return fused_layer.slot_problem(layer) if fused_layer.slot_values else None
+    return fused_layer.slot_problem(layer) if fused_layer.settings.held else None
 
 
 def _align(calls: list, layers: list) -> list | None:
@@ -389,7 +391,7 @@ def _mapped_graph(i: int, member: keras.Model) -> Any:
 
 def _member_config(fused_layer: Any) -> dict:
     """The member layer config a fused layer was made from (member 0's values)."""
-    own = ("per_member", "input_layouts", "slot_values", "slot_capacity")
+    own = ("per_member", "input_layouts", "settings", "slot_capacity")
     config = {k: v for k, v in fused_layer.member_config.items() if k not in own}
     if "class_name" in config and isinstance(config.get("config"), dict):
         # Wrappers of any per-sample layer keep it serialized (class and config).

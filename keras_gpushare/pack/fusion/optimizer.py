@@ -12,6 +12,7 @@ from keras import ops
 from keras_gpushare import _upstream
 from keras_gpushare.pack._backend import BACKEND
 from keras_gpushare.pack.fusion import _optimizer_families, _optimizer_state, _transforms
+from keras_gpushare.pack.fusion import settings as settings_lib
 from keras_gpushare.pack.fusion._member_settings import (
     MemberLearningRate,
     inner_optimizer,
@@ -98,10 +99,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             finite; `False` applies the step as Keras does (a member with a
             `LossScaleOptimizer` still skips it, as that optimizer does). Defaults to
             `True`.
-        slot_values: hold each member's optimizer family, float hyperparameters and weight
-            decay as data, so that `load_member` takes an optimizer of any family the
-            members were built with (each family's rule is computed for every member of a
-            group that holds it). Defaults to `False`.
+        settings: how the members' optimizer settings are held: `"constants"` of the
+            compiled step, or `"held"` as data, each member's optimizer family, float
+            hyperparameters and weight decay, so that `load_member` takes an optimizer of
+            any family the members were built with (each family's rule is computed for
+            every member of a group that holds it). A `fusion.settings` object or its
+            name. Defaults to `"constants"`.
         name: Name of the optimizer. Defaults to `"vectorized_optimizer"`.
 
     Example:
@@ -124,7 +127,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         optimizers: Sequence[keras.optimizers.Optimizer],
         groups=None,
         skip_nonfinite=True,
-        slot_values=False,
+        settings=None,
         name=None,
         **kwargs,
     ):
@@ -137,7 +140,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         n = len(optimizers)
         groups = [tuple(range(n))] if groups is None else [tuple(int(i) for i in g) for g in groups]
         grouped = {i for g in groups for i in g}
-        settings = [
+        per_member = [
             member_settings(i, o) if i in grouped else outside_groups()
             for i, o in enumerate(optimizers)
         ]
@@ -145,21 +148,21 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or "vectorized_optimizer", **kwargs)
         self.n_members = n
         self.skip_nonfinite = bool(skip_nonfinite)
-        self.slot_values = bool(slot_values)
-        self._settings = settings
+        self.settings = settings_lib.named(settings)
+        self._member_settings = per_member
         self._groups = groups
         # A slot program's constants, fixed by the members it is built with.
-        self._families = [_optimizer_families.families(settings, ids) for ids in groups]
-        self._stand_ins = _optimizer_families.stand_ins(settings)
+        self._families = [_optimizer_families.families(per_member, ids) for ids in groups]
+        self._stand_ins = _optimizer_families.stand_ins(per_member)
         self._slot_names = [
             {
-                rule: set(rule.slots(_optimizer_families.run_hypers(settings, ids, rule, hyper)))
+                rule: set(rule.slots(_optimizer_families.run_hypers(per_member, ids, rule, hyper)))
                 for rule, hyper in self._stand_ins.items()
                 if rule in rules
             }
             for ids, rules in zip(groups, self._families)
         ]
-        self._decays = any(s.weight_decay is not None for s in settings)
+        self._decays = any(s.weight_decay is not None for s in per_member)
         self._names = [inner_optimizer(o).name for o in optimizers]
         # Members outside the groups keep their own optimizers (held, not tracked: they
         # are the members', saved with them).
@@ -178,7 +181,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             (n,), initializer="zeros", name="member_learning_rate"
         )
         self.member_learning_rate.assign(
-            np.asarray([s.learning_rate for s in settings], dtype="float32")
+            np.asarray([s.learning_rate for s in per_member], dtype="float32")
         )
 
     # Configuration -------------------------------------------------------------------
@@ -216,21 +219,22 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     @property
     def uses_dynamic_loss_scale(self):
         """Whether some member trains with a `LossScaleOptimizer` (mixed precision)."""
-        return any(s.dynamic_scale is not None for s in self._settings)
+        return any(s.dynamic_scale is not None for s in self._member_settings)
 
     def initial_loss_scales(self):
         """Each member's initial dynamic loss scale (1.0 for members without one)."""
         return np.asarray(
-            [s.dynamic_scale[0] if s.dynamic_scale else 1.0 for s in self._settings], "float32"
+            [s.dynamic_scale[0] if s.dynamic_scale else 1.0 for s in self._member_settings],
+            "float32",
         )
 
     def loss_scale_factors(self):
         """Each member's fixed `loss_scale_factor` (1.0 where none is set)."""
-        return np.asarray([s.loss_scale_factor or 1.0 for s in self._settings], "float32")
+        return np.asarray([s.loss_scale_factor or 1.0 for s in self._member_settings], "float32")
 
     def member_schedule(self, index):
         """Member `index`'s learning-rate schedule, or `None`."""
-        return self._settings[index].schedule
+        return self._member_settings[index].schedule
 
     def member_learning_rates(self):
         """Every member's current learning rate, as a NumPy array."""
@@ -248,10 +252,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
     def load_member(self, index, optimizer):
         """Gives member `index` the learning rate of `optimizer` and a fresh state.
 
-        Without `slot_values`, `optimizer` must be of the member's family with the same
-        hyperparameters but for its learning rate; with them, of one of the families the
-        members were built with, its hyperparameters and weight decay its own (the caller
-        checks `load_problem`). The rest are constants of the compiled step.
+        With settings as constants, `optimizer` must be of the member's family with the
+        same hyperparameters but for its learning rate; with settings held as data, of one
+        of the families the members were built with, its hyperparameters and weight decay
+        its own (the caller checks `load_problem`). The rest are constants of the compiled
+        step.
 
         Args:
             index: the member. Defaults to none (required).
@@ -259,22 +264,23 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 none (required).
         """
         settings = member_settings(index, optimizer)
-        held = ("learning_rate", "rule", "hyper", "weight_decay") if self.slot_values else ()
-        self._settings[index] = dataclasses.replace(
-            self._settings[index],
+        held = ("learning_rate", "rule", "hyper", "weight_decay") if self.settings.held else ()
+        self._member_settings[index] = dataclasses.replace(
+            self._member_settings[index],
             learning_rate=settings.learning_rate,
             **{name: getattr(settings, name) for name in held[1:]},
         )
         self._member_configs[index] = keras.optimizers.serialize(optimizer)
         self._names[index] = inner_optimizer(optimizer).name
-        if self.slot_values and self.built:
-            self._write_slot_values(index)
+        if self.settings.held and self.built:
+            self._write_held_settings(index)
         self.reset_member(index)
 
     def load_problem(self, index, optimizer):
         """Why member `index` cannot take `optimizer` in place (`load_member`), or `None`.
 
-        Only with `slot_values`: without them the caller compares the optimizers.
+        Only with settings held as data: with constants the caller compares the
+        optimizers.
 
         Args:
             index: the member. Defaults to none (required).
@@ -286,7 +292,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return str(e)
         group = next(g for g, ids in enumerate(self._groups) if index in ids)
         return _optimizer_families.load_problem(
-            self._settings[index],
+            self._member_settings[index],
             settings,
             self._families[group],
             self._slot_names[group],
@@ -303,7 +309,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         Args:
             index: the member. Defaults to none (required).
         """
-        settings = self._settings[index]
+        settings = self._member_settings[index]
         _set_row(self.member_iterations, index, 0)
         _set_row(self.nonfinite, index, 0.0)
         if settings.schedule is None:
@@ -356,7 +362,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     @learning_rate.setter
     def learning_rate(self, value):
-        if not hasattr(self, "_settings"):
+        if not hasattr(self, "_member_settings"):
             # The base class sets its own (unused) rate while it is constructed.
             keras.optimizers.Optimizer.learning_rate.fset(self, value)
             return
@@ -376,18 +382,19 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return
         super().build(variables)
         self._group_of = [self._variable_groups.get(id(v), 0) for v in variables]
-        if self.slot_values:
+        if self.settings.held:
             self._group_runs = [
                 [(rule, 0, len(ids)) for rule in rules]
                 for ids, rules in zip(self._groups, self._families)
             ]
         else:
             self._group_runs = [
-                _transforms.runs([self._settings[i].rule for i in ids]) for ids in self._groups
+                _transforms.runs([self._member_settings[i].rule for i in ids])
+                for ids in self._groups
             ]
         self._slots = {k: {} for k in range(len(variables))}
-        rules = _optimizer_families.families(self._settings, range(self.n_members))
-        if self.slot_values:
+        rules = _optimizer_families.families(self._member_settings, range(self.n_members))
+        if self.settings.held:
             rules = list(self._stand_ins)
         for rule in rules:
             names = {}
@@ -400,7 +407,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                     self._add_run_slots(rule, name, k, variable)
         self._states = {}
         for rule in rules:
-            hypers = [s.hyper for s in self._settings]
+            hypers = [s.hyper for s in self._member_settings]
             for name, values in rule.initial_state(hypers).items():
                 # Initializers, not assignments: Keras may build the optimizer in a
                 # stateless scope, where an assignment would be lost.
@@ -411,10 +418,10 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 )
         self._hyper_values = {}
         self.member_family = self.member_weight_decay = None
-        if self.slot_values:
+        if self.settings.held:
             self._add_slot_variables(rules)
         self._accumulators = None
-        if any(s.accumulation for s in self._settings):
+        if any(s.accumulation for s in self._member_settings):
             self._accumulators = [
                 self.add_variable_from_reference(v, name="accumulated_gradient") for v in variables
             ]
@@ -428,13 +435,15 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         """The hyperparameters run `r` of `group` is computed with, member by member."""
         rule, a, b = self._group_runs[group][r]
         ids = self._groups[group][a:b]
-        return _optimizer_families.run_hypers(self._settings, ids, rule, self._stand_ins[rule])
+        return _optimizer_families.run_hypers(
+            self._member_settings, ids, rule, self._stand_ins[rule]
+        )
 
     def _run_slot_names(self, group, r):
-        """The slots run `r` of `group` holds: with `slot_values`, those of every member
-        the program was built with."""
+        """The slots run `r` of `group` holds: with settings held as data, those of every
+        member the program was built with."""
         rule = self._group_runs[group][r][0]
-        if self.slot_values:
+        if self.settings.held:
             return sorted(self._slot_names[group][rule])
         return list(rule.slots(self._run_hypers(group, r)))
 
@@ -450,7 +459,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         n = self.n_members
         for rule in rules:
             stand_in = self._stand_ins[rule]
-            family = [s.hyper if s.rule is rule else stand_in for s in self._settings]
+            family = [s.hyper if s.rule is rule else stand_in for s in self._member_settings]
             self._hyper_values[rule] = {
                 key: self.add_variable(
                     (n,),
@@ -459,20 +468,20 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 )
                 for key in stand_in
             }
-        codes = [rules.index(s.rule) if s.rule in rules else -1 for s in self._settings]
+        codes = [rules.index(s.rule) if s.rule in rules else -1 for s in self._member_settings]
         self.member_family = self.add_variable(
             (n,), initializer=host_constant(codes), dtype="int32", name="member_family"
         )
         if self._decays:
             self.member_weight_decay = self.add_variable(
                 (n,),
-                initializer=host_constant([s.weight_decay or 0.0 for s in self._settings]),
+                initializer=host_constant([s.weight_decay or 0.0 for s in self._member_settings]),
                 name="member_weight_decay",
             )
 
-    def _write_slot_values(self, index):
+    def _write_held_settings(self, index):
         """Member `index`'s rows of the slot program's variables take its settings."""
-        settings = self._settings[index]
+        settings = self._member_settings[index]
         rules = list(self._hyper_values)
         for key, variable in self._hyper_values[settings.rule].items():
             _set_row(variable, index, settings.hyper[key])
@@ -581,7 +590,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return False
         import tensorflow as tf
 
-        schedules = [s.schedule for s in self._settings if s.schedule is not None]
+        schedules = [s.schedule for s in self._member_settings if s.schedule is not None]
         return tf.inside_function() and all(
             type(s).__module__.startswith("keras.") for s in schedules
         )
@@ -608,12 +617,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     def _learning_rates(self):
         rates = ops.convert_to_tensor(self.member_learning_rate)
-        if not any(s.schedule is not None for s in self._settings):
+        if not any(s.schedule is not None for s in self._member_settings):
             return rates
         steps = ops.convert_to_tensor(self.member_iterations)
         per_member = [
             rates[i] if s.schedule is None else ops.cast(s.schedule(steps[i]), "float32")
-            for i, s in enumerate(self._settings)
+            for i, s in enumerate(self._member_settings)
         ]
         return ops.stack(per_member)
 
@@ -628,7 +637,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         mask = ops.convert_to_tensor(self.member_mask) > 0.5
         iterations = ops.convert_to_tensor(self.member_iterations)
         # With gradient accumulation Keras counts an optimizer step per `k` applications.
-        periods = np.asarray([s.accumulation or 1 for s in self._settings], "int32")
+        periods = np.asarray([s.accumulation or 1 for s in self._member_settings], "int32")
         if np.all(periods == 1):
             steps = ops.cast(iterations + 1, "float32")
         else:
@@ -716,7 +725,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     def _group_step(self, group, ids, members, context):
         """One group's update; returns its updates, its flags (k,) and its advanced state."""
-        settings = [self._settings[i] for i in ids]
+        settings = [self._member_settings[i] for i in ids]
         take = np.asarray(ids, "int32")
 
         def pick(vector):
@@ -732,7 +741,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             pick(context.rates),
             pick(context.steps),
             [s.weight_decay for s in settings],
-            self._slot_hyperparameters(group, pick) if self.slot_values else None,
+            self._slot_hyperparameters(group, pick) if self.settings.held else None,
         )
         run_states, advanced = _transforms.advance_rule_states(hyper, context.states, take, pick)
         kept = []
@@ -767,12 +776,12 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     def _scale_updates(self, finite, scale_grad):
         """The dynamic loss scales' update, as Keras's `LossScaleOptimizer` makes it."""
-        trained = np.asarray([s.dynamic_scale is not None for s in self._settings])
+        trained = np.asarray([s.dynamic_scale is not None for s in self._member_settings])
         new_scale, new_counter = _transforms.dynamic_loss_scale(
             ops.convert_to_tensor(self.loss_scale_variable),
             ops.convert_to_tensor(self.scale_counter),
             finite,
-            [s.dynamic_scale[1] if s.dynamic_scale else 1 for s in self._settings],
+            [s.dynamic_scale[1] if s.dynamic_scale else 1 for s in self._member_settings],
             ops.convert_to_tensor(trained),
             scale_grad,
         )
@@ -787,7 +796,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
 
     def member_settings(self, index):
         """What this optimizer keeps of member `index`'s optimizer (`MemberSettings`)."""
-        return self._settings[index]
+        return self._member_settings[index]
 
     @property
     def member_states(self):
@@ -802,7 +811,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             members sharing member `j`'s rule, member `j`'s slice at `row` of each.
         """
         group = self._groups.index(tuple(member_ids))
-        rule = self._settings[member_ids[j]].rule
+        rule = self._member_settings[member_ids[j]].rule
         run, (_, start, _) = next(
             (r, run)
             for r, run in enumerate(self._group_runs[group])
@@ -858,7 +867,7 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             "optimizers": self._member_configs,
             "groups": self._groups,
             "skip_nonfinite": self.skip_nonfinite,
-            "slot_values": self.slot_values,
+            "settings": self.settings.name,
         }
 
     @classmethod

@@ -9,9 +9,9 @@ from keras import KerasTensor
 from keras_gpushare import _upstream
 from keras_gpushare.pack.fusion import converter
 from keras_gpushare.pack.fusion import layout as layout_lib
+from keras_gpushare.pack.fusion import settings as settings_lib
 from keras_gpushare.pack.fusion import template as template_lib
 from keras_gpushare.pack.fusion._capacity import template_capacity
-from keras_gpushare.pack.fusion.base import slot_values_enabled
 
 
 @dataclasses.dataclass
@@ -79,6 +79,8 @@ class FusionPlan:
             `("input", i)` or `("node", template position, output index)`.
         capacity: built for slots, what each searched call holds beyond its members, by
             template position (`_capacity.template_capacity`).
+        settings: how the fused layers hold their members' settings (`settings.CONSTANTS`
+            or `settings.HELD`).
     """
 
     graphs: list
@@ -86,6 +88,7 @@ class FusionPlan:
     chain: bool
     layouts: dict
     capacity: dict = dataclasses.field(default_factory=dict)
+    settings: settings_lib.Settings = settings_lib.CONSTANTS
 
     def sources(self, t):
         """The keys of the tensors feeding call `t`'s first argument, flattened."""
@@ -126,12 +129,17 @@ def _model_problems(graphs):
     return problems
 
 
-def inspect_members(members):
-    """Return `(report, plan)`; `plan` (a `FusionPlan`) is `None` unless the members fuse."""
-    return inspect_graphs([converter.member_graph(model) for model in members])
+def inspect_members(members, settings=settings_lib.CONSTANTS):
+    """Return `(report, plan)`; `plan` (a `FusionPlan`) is `None` unless the members fuse.
+
+    With `settings.HELD` (built for slots), chains are aligned as chains so that a model of
+    another depth can be loaded later (`FusedModel.slot_layers`), and their searched calls
+    share one capacity.
+    """
+    return inspect_graphs([converter.member_graph(model) for model in members], settings)
 
 
-def inspect_graphs(read):
+def inspect_graphs(read, settings=settings_lib.CONSTANTS):
     """`inspect_members` for members already read: `read` holds each member's
     `converter.member_graph` answer, `(graph, why)`, so that a member read once can be
     inspected in several sets (the planner's)."""
@@ -155,14 +163,11 @@ def inspect_graphs(read):
         len(g.nodes) != len(graphs[0].nodes) for g in graphs
     )
     capacity: dict = {}
-    if slot_values_enabled():
-        # Built for slots, chains are aligned as chains so that a model of another depth
-        # can be loaded later (`FusedModel.slot_layers`), and their searched calls share
-        # one capacity.
+    if settings.held:
         chain = chain or all(template_lib.is_chain(g) for g in graphs)
         if chain:
             capacity = template_capacity(template_nodes)
-    plan = FusionPlan(graphs, template_nodes, chain, {}, capacity)
+    plan = FusionPlan(graphs, template_nodes, chain, {}, capacity, settings)
     n = len(read)
     for i in range(len(graphs[0].functional.inputs)):
         plan.layouts[("input", i)] = None

@@ -38,9 +38,9 @@ def readings(monkeypatch):
         read[id(model)] += 1
         return member_graph(model)
 
-    def counted_inspect_graphs(graphs):
+    def counted_inspect_graphs(graphs, *args):
         inspected.append(tuple(id(graph) for graph, _ in graphs))
-        return inspect_graphs(graphs)
+        return inspect_graphs(graphs, *args)
 
     monkeypatch.setattr(converter, "member_graph", counted_member_graph)
     monkeypatch.setattr(planner, "inspect_graphs", counted_inspect_graphs)
