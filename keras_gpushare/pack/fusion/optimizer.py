@@ -264,11 +264,11 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
                 none (required).
         """
         settings = member_settings(index, optimizer)
-        held = ("learning_rate", "rule", "hyper", "weight_decay") if self.settings.held else ()
+        taken = self.settings.loaded_optimizer_fields
         self._member_settings[index] = dataclasses.replace(
             self._member_settings[index],
             learning_rate=settings.learning_rate,
-            **{name: getattr(settings, name) for name in held[1:]},
+            **{name: getattr(settings, name) for name in taken},
         )
         self._member_configs[index] = keras.optimizers.serialize(optimizer)
         self._names[index] = inner_optimizer(optimizer).name
@@ -382,20 +382,14 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
             return
         super().build(variables)
         self._group_of = [self._variable_groups.get(id(v), 0) for v in variables]
-        if self.settings.held:
-            self._group_runs = [
-                [(rule, 0, len(ids)) for rule in rules]
-                for ids, rules in zip(self._groups, self._families)
-            ]
-        else:
-            self._group_runs = [
-                _transforms.runs([self._member_settings[i].rule for i in ids])
-                for ids in self._groups
-            ]
+        self._group_runs = [
+            self.settings.optimizer_runs([self._member_settings[i].rule for i in ids], families)
+            for ids, families in zip(self._groups, self._families)
+        ]
         self._slots = {k: {} for k in range(len(variables))}
-        rules = _optimizer_families.families(self._member_settings, range(self.n_members))
-        if self.settings.held:
-            rules = list(self._stand_ins)
+        # The members' families, each once in member order: with settings as constants no
+        # member changes family; held as data, a loaded member's is among these.
+        rules = list(self._stand_ins)
         for rule in rules:
             names = {}
             for group, runs in enumerate(self._group_runs):
@@ -443,9 +437,9 @@ class VectorizedOptimizer(keras.optimizers.Optimizer):
         """The slots run `r` of `group` holds: with settings held as data, those of every
         member the program was built with."""
         rule = self._group_runs[group][r][0]
-        if self.settings.held:
-            return sorted(self._slot_names[group][rule])
-        return list(rule.slots(self._run_hypers(group, r)))
+        return self.settings.run_slot_names(
+            rule, self._run_hypers(group, r), self._slot_names[group][rule]
+        )
 
     def _initial_slot(self, group, r, name):
         """Slot `name` of run `r` of `group` as a new optimizer has it, member by member

@@ -17,7 +17,10 @@ and to its optimizer, as optax's `inject_hyperparams` keeps one update for both:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from keras_gpushare.pack.fusion import _transforms
 
 
 class Settings:
@@ -30,10 +33,33 @@ class Settings:
 
     held = False
     name = "constants"
+    # What `VectorizedOptimizer.load_member` takes of a new optimizer beyond its rate.
+    loaded_optimizer_fields: tuple[str, ...] = ()
 
     def holds(self, layer_class: type) -> bool:
         """Whether a fused layer of `layer_class` holds its `slot_keys` settings as data."""
         return False
+
+    def optimizer_runs(self, rules: Sequence[Any], families: Sequence[Any]) -> list:
+        """A group's runs of the vectorized optimizer, `[(rule, a, b)]`: members `a:b`
+        updated by `rule`. Constants: the stretches of members sharing a rule.
+
+        Args:
+            rules: the group's members' rules, in slice order.
+            families: those rules, each once.
+        """
+        return _transforms.runs(rules)
+
+    def run_slot_names(self, rule: Any, hypers: Sequence[dict], built_with: set) -> list:
+        """The optimizer slots a run of `rule` holds. Constants: those its members' own
+        hyperparameters `hypers` need.
+
+        Args:
+            rule: the run's rule.
+            hypers: the run's members' hyperparameters.
+            built_with: the slots the group's members of that family were built with.
+        """
+        return list(rule.slots(hypers))
 
     def __repr__(self) -> str:
         return f"settings.{self.name.upper()}"
@@ -42,9 +68,17 @@ class Settings:
 class _Held(Settings):
     held = True
     name = "held"
+    loaded_optimizer_fields = ("rule", "hyper", "weight_decay")
 
     def holds(self, layer_class: type) -> bool:
         return bool(getattr(layer_class, "slot_keys", ()))
+
+    def optimizer_runs(self, rules: Sequence[Any], families: Sequence[Any]) -> list:
+        # Every family over the whole group: a slot may take a member of any of them.
+        return [(rule, 0, len(rules)) for rule in families]
+
+    def run_slot_names(self, rule: Any, hypers: Sequence[dict], built_with: set) -> list:
+        return sorted(built_with)
 
 
 CONSTANTS = Settings()
