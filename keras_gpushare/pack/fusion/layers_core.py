@@ -105,44 +105,22 @@ class FusedDense(FusedLayer):
         in_layout = self.input_layout()
         if in_layout is None:
             in_layout = layout_lib.full(in_dim, self.n_members)
-        self.kernel_mask = _padding.mask_or_none(_padding.outer(in_layout, self.out_layout))
-        bias_layout = self.out_layout & np.asarray(self.member_bias)[:, None]
-        self.bias_mask = _padding.mask_or_none(bias_layout)
-        self._in_layout = in_layout
         in_units = in_layout.sum(axis=1)
         if self.settings.held and np.array_equal(in_layout, layout_lib.prefix(in_units, in_dim)):
-            specs = [repr(spec) for spec in self.activation_specs]
-            own = [repr(spec) for spec in self.per_member("activation")]
-            self.slot_in_units = self.add_slot_variable("slot_in_units", in_units, "int32")
-            self.slot_units = self.add_slot_variable("slot_units", self.member_units, "int32")
-            self.slot_activation = self.add_slot_variable(
-                "slot_activation", [specs.index(a) if a in specs else 0 for a in own], "int32"
-            )
-            self.slot_bias = self.add_slot_variable("slot_bias", self.member_bias, "float32")
-        elif self.settings.held:
-            # Features padded other than as a prefix (after a padded convolution, say):
-            # where each member's features lie is a constant of the step.
-            self.settings = settings_lib.CONSTANTS
-            self.member_config.pop("settings")
-
-    def _slot_layout(self, i):
-        """Member `i`'s input and output features and whether it has a bias, as now held."""
-        in_units = int(ops.convert_to_numpy(self.slot_in_units)[i])
-        units = int(ops.convert_to_numpy(self.slot_units)[i])
-        bias = bool(ops.convert_to_numpy(self.slot_bias)[i])
-        return np.arange(in_units), np.arange(units), bias
+            self.features = _HeldFeatures(self, in_units)
+        else:
+            if self.settings.held:
+                # Features padded other than as a prefix (after a padded convolution, say):
+                # where each member's features lie is a constant of the step.
+                self.settings = settings_lib.CONSTANTS
+                self.member_config.pop("settings")
+            self.features = _ConstantFeatures(self, in_layout)
 
     def member_weight_index(self, k, i):
         if k > 1:
             return None, None
-        if self.settings.held:
-            rows, cols, bias = self._slot_layout(i)
-            padded = True
-        else:
-            padded = self.kernel_mask is not None
-            rows = np.flatnonzero(self._in_layout[i])
-            cols = np.flatnonzero(self.out_layout[i])
-            bias = self.member_bias[i]
+        rows, cols, bias = self.features.member_parts(i)
+        padded = self.features.padded
         if k == 0:
             return 0, ((rows, cols) if padded else None)
         if not bias:
@@ -175,18 +153,11 @@ class FusedDense(FusedLayer):
         if layer.use_bias:
             bias[j, :width] = ops.convert_to_numpy(layer.bias)
         self.bias.assign(bias)
-        specs = [repr(s) for s in self.activation_specs]
-        for variable, value in (
-            (self.slot_in_units, in_width),
-            (self.slot_units, width),
-            (self.slot_activation, specs.index(repr(layer.get_config()["activation"]))),
-            (self.slot_bias, float(layer.use_bias)),
-        ):
-            _set_row(variable, j, value)
+        self.features.load(j, layer)
 
     def clear_member(self, j):
         """Zeroes slot `j`'s kernel and bias and width: a skipped layer takes no step."""
-        for variable in (self.kernel, self.bias, self.slot_units):
+        for variable in (self.kernel, self.bias, self.features.units):
             _set_row(variable, j, 0)
 
     def call(self, inputs, training=None):
@@ -194,15 +165,15 @@ class FusedDense(FusedLayer):
         in_dim = self.kernel.shape[1]
         stacked = self.input_is_stacked()
         lead = ops.shape(inputs)[1:-1] if stacked else ops.shape(inputs)[:-1]
-        padded = self.settings.held or self.kernel_mask is not None
-        masks_activations = padded and self._masks_activations(inputs)
+        features = self.features
+        masks_activations = features.padded and self._masks_activations(inputs)
         kernel = self.kernel
-        if padded and not masks_activations:
-            kernel = kernel * self._kernel_mask(kernel.dtype)
+        if features.padded and not masks_activations:
+            kernel = kernel * features.kernel_mask(kernel.dtype)
         if stacked:
             x = ops.reshape(inputs, (n, -1, in_dim))
-            if masks_activations and self._input_padded():
-                x = x * self._in_mask(x.dtype)
+            if masks_activations and features.input_padded():
+                x = x * features.in_mask(x.dtype)
             if self._present_only(inputs):
                 y = self._present_only_matmul(x, kernel)
             else:
@@ -219,58 +190,11 @@ class FusedDense(FusedLayer):
                     ops.reshape(ops.matmul(x, side_by_side), (-1, n, units)), (1, 0, 2)
                 )
         if masks_activations:
-            y = y * self._out_mask(y.dtype)
+            y = y * features.out_mask(y.dtype)
         y = ops.reshape(y, (n, *lead, units))
         if self.bias is not None:
-            bias = self.bias
-            if self.settings.held:
-                bias = bias * self._out_mask(bias.dtype)[:, 0, :] * self._slot_bias(bias.dtype)
-            else:
-                bias = _padding.masked(bias, self.bias_mask)
-            y = y + self.member_broadcast(bias, len(y.shape))
-        if self.settings.held:
-            return self._slot_activate(y)
-        return self.activate(y)
-
-    def _input_padded(self):
-        """Whether some member may own fewer input features than the kernel holds: a
-        replicated input is every member's whole input."""
-        if self.settings.held:
-            return self.input_is_stacked()
-        return not layout_lib.is_full(self._in_layout)
-
-    def _in_mask(self, dtype):
-        """`(N, 1, in)`: ones where a member owns the input feature."""
-        if not self.settings.held:
-            return self._activation_mask(self._in_layout, dtype)
-        return _prefix_mask(self.slot_in_units, self.kernel.shape[1], dtype)
-
-    def _out_mask(self, dtype):
-        """`(N, 1, units)`: ones where a member owns the output feature."""
-        if not self.settings.held:
-            return self._activation_mask(self.out_layout, dtype)
-        return _prefix_mask(self.slot_units, self.units, dtype)
-
-    def _kernel_mask(self, dtype):
-        """`(N, in, units)`: ones where a member owns the kernel entry."""
-        if not self.settings.held:
-            return ops.convert_to_tensor(self.kernel_mask.astype("float32"), dtype=dtype)
-        return ops.transpose(self._in_mask(dtype), (0, 2, 1)) * self._out_mask(dtype)
-
-    def _slot_bias(self, dtype):
-        return ops.expand_dims(ops.cast(self.slot_bias, dtype), 1)
-
-    def _slot_activate(self, y):
-        """`y` through each member's activation, chosen by its held index: every activation
-        the layer computes is applied, and each member's selected."""
-        specs = self.activation_specs
-        result = keras.activations.get(specs[-1])(y)
-        if len(specs) == 1:
-            return result
-        index = self.member_broadcast(self.slot_activation, len(y.shape))
-        for c, spec in enumerate(specs[:-1]):
-            result = ops.where(ops.equal(index, c), keras.activations.get(spec)(y), result)
-        return result
+            y = y + self.member_broadcast(features.bias(self.bias), len(y.shape))
+        return features.activate(y)
 
     def _masks_activations(self, inputs):
         """Whether padding is kept at zero by masking activations rather than the kernel.
@@ -282,7 +206,7 @@ class FusedDense(FusedLayer):
         batch assumed `ASSUMED_ROWS` when the batch size is not known while tracing).
         """
         in_dim = self.kernel.shape[1]
-        padded_in = in_dim if self._input_padded() else 0
+        padded_in = in_dim if self.features.input_padded() else 0
         return self._rows(inputs) * (padded_in + self.units) < in_dim * self.units
 
     def _rows(self, inputs):
@@ -291,10 +215,6 @@ class FusedDense(FusedLayer):
         shape = inputs.shape[1:-1] if self.input_is_stacked() else inputs.shape[:-1]
         known = all(isinstance(d, (int, np.integer)) for d in shape)
         return int(np.prod(shape, dtype=int)) if known else ASSUMED_ROWS
-
-    def _activation_mask(self, layout, dtype):
-        """`(N, 1, width)`: ones where a member owns the feature, zeros in its padding."""
-        return ops.convert_to_tensor(layout[:, None, :].astype("float32"), dtype=dtype)
 
     def _present_only(self, inputs):
         """Whether the product is computed for the members that have the layer only: where
@@ -329,6 +249,134 @@ class FusedDense(FusedLayer):
 
     def compute_mask(self, inputs, mask=None):
         return self.stacked_mask(mask)
+
+
+class _ConstantFeatures:
+    """Where each member's features lie in a `FusedDense`, whether it has a bias and its
+    activation, as constants of the step (`settings.CONSTANTS`): NumPy layouts, and no
+    mask at all where no member is padded.
+
+    Args:
+        layer: the fused layer.
+        in_layout: the input features each member owns, `(N, in)` bool.
+    """
+
+    def __init__(self, layer, in_layout):
+        self._layer = layer
+        self._in_layout = in_layout
+        self._out_layout = layer.out_layout
+        self._member_bias = layer.member_bias
+        self._kernel_mask = _padding.mask_or_none(_padding.outer(in_layout, layer.out_layout))
+        bias_layout = layer.out_layout & np.asarray(layer.member_bias)[:, None]
+        self._bias_mask = _padding.mask_or_none(bias_layout)
+        # Whether some member's kernel is padded: the product is then masked.
+        self.padded = self._kernel_mask is not None
+
+    def member_parts(self, i):
+        """Member `i`'s input and output features, and whether it has a bias."""
+        rows = np.flatnonzero(self._in_layout[i])
+        cols = np.flatnonzero(self._out_layout[i])
+        return rows, cols, self._member_bias[i]
+
+    def input_padded(self):
+        """Whether some member owns fewer input features than the kernel holds."""
+        return not layout_lib.is_full(self._in_layout)
+
+    def in_mask(self, dtype):
+        """`(N, 1, in)`: ones where a member owns the input feature."""
+        return _layout_mask(self._in_layout, dtype)
+
+    def out_mask(self, dtype):
+        """`(N, 1, units)`: ones where a member owns the output feature."""
+        return _layout_mask(self._out_layout, dtype)
+
+    def kernel_mask(self, dtype):
+        """`(N, in, units)`: ones where a member owns the kernel entry."""
+        return ops.convert_to_tensor(self._kernel_mask.astype("float32"), dtype=dtype)
+
+    def bias(self, bias):
+        """`bias` with each member's padding, and the bias of members without one, zeroed."""
+        return _padding.masked(bias, self._bias_mask)
+
+    def activate(self, y):
+        """`y` through each member's own activation."""
+        return self._layer.activate(y)
+
+
+class _HeldFeatures:
+    """Where each member's features lie in a `FusedDense`, whether it has a bias and its
+    activation, held as data (`settings.HELD`): per-member variables of the step, a prefix
+    of each width, that `load` sets for another member.
+
+    Args:
+        layer: the fused layer, which makes the variables.
+        in_units: each member's input width.
+    """
+
+    padded = True
+
+    def __init__(self, layer, in_units):
+        self._layer = layer
+        specs = [repr(spec) for spec in layer.activation_specs]
+        own = [repr(spec) for spec in layer.per_member("activation")]
+        self.in_units = layer.add_slot_variable("slot_in_units", in_units, "int32")
+        self.units = layer.add_slot_variable("slot_units", layer.member_units, "int32")
+        self.activation = layer.add_slot_variable(
+            "slot_activation", [specs.index(a) if a in specs else 0 for a in own], "int32"
+        )
+        self.has_bias = layer.add_slot_variable("slot_bias", layer.member_bias, "float32")
+
+    def member_parts(self, i):
+        in_units = int(ops.convert_to_numpy(self.in_units)[i])
+        units = int(ops.convert_to_numpy(self.units)[i])
+        bias = bool(ops.convert_to_numpy(self.has_bias)[i])
+        return np.arange(in_units), np.arange(units), bias
+
+    def input_padded(self):
+        # A replicated input is every member's whole input.
+        return self._layer.input_is_stacked()
+
+    def in_mask(self, dtype):
+        return _prefix_mask(self.in_units, self._layer.kernel.shape[1], dtype)
+
+    def out_mask(self, dtype):
+        return _prefix_mask(self.units, self._layer.units, dtype)
+
+    def kernel_mask(self, dtype):
+        return ops.transpose(self.in_mask(dtype), (0, 2, 1)) * self.out_mask(dtype)
+
+    def bias(self, bias):
+        has_bias = ops.expand_dims(ops.cast(self.has_bias, bias.dtype), 1)
+        return bias * self.out_mask(bias.dtype)[:, 0, :] * has_bias
+
+    def activate(self, y):
+        """`y` through each member's activation, chosen by its held index: every activation
+        the layer computes is applied, and each member's selected."""
+        specs = self._layer.activation_specs
+        result = keras.activations.get(specs[-1])(y)
+        if len(specs) == 1:
+            return result
+        index = self._layer.member_broadcast(self.activation, len(y.shape))
+        for c, spec in enumerate(specs[:-1]):
+            result = ops.where(ops.equal(index, c), keras.activations.get(spec)(y), result)
+        return result
+
+    def load(self, j, layer):
+        """Slot `j` takes `layer`'s widths, activation and bias."""
+        in_width, width = layer.kernel.shape
+        specs = [repr(s) for s in self._layer.activation_specs]
+        for variable, value in (
+            (self.in_units, in_width),
+            (self.units, width),
+            (self.activation, specs.index(repr(layer.get_config()["activation"]))),
+            (self.has_bias, float(layer.use_bias)),
+        ):
+            _set_row(variable, j, value)
+
+
+def _layout_mask(layout, dtype):
+    """`(N, 1, width)`: ones where a member owns the feature, zeros in its padding."""
+    return ops.convert_to_tensor(layout[:, None, :].astype("float32"), dtype=dtype)
 
 
 def _prefix_mask(widths, size, dtype):
