@@ -120,7 +120,6 @@ def _timed_packs(packs: list):
                     "members": len(members),
                     "built": members,
                     "slots": list(members),
-                    "slot_values": bool(kwargs.get("_slot_values")),
                     "build": 0.0,
                     "compile": 0.0,
                     "fit": 0.0,
@@ -175,7 +174,7 @@ def _where_time_went(packs: list, seconds: float, plain: float, word: str) -> st
         fixed.append(
             record["build"] + record["compile"] + record["fit"] - len(record["epochs"]) * epoch
         )
-        computed = computed_flops(record["plan"], record["slot_values"], record["built"])
+        computed = computed_flops(record["plan"], record["built"])
         for model in (m for models in record["trained"] for m in models):
             if id(model) not in flops:
                 flops[id(model)] = own_flops(model)

@@ -66,15 +66,15 @@ def own_flops(model: keras.Model) -> float | None:
     return None if plan is None else cost.GroupCosts(plan, batch=1).flops([0])[1]
 
 
-def computed_flops(plan: EnginePlan, slot_values: bool, members: list) -> float | None:
+def computed_flops(plan: EnginePlan, members: list) -> float | None:
     """The FLOPs a sample a step of a pack of engine plan `plan` computes: each fused group
-    padded to its widest member (in a pack built for slots, every slot computes every
-    layer), the graph engine's members at their own (`members`: the models the pack was
-    built from); None when one of those does not fuse (no estimate)."""
+    padded to its widest member (in a pack whose settings are held as data, every slot
+    computes every layer), the graph engine's members at their own (`members`: the models
+    the pack was built from); None when one of those does not fuse (no estimate)."""
     total = 0.0
     for group, fusion_plan in zip(plan.groups, plan.fusion_plans):
         costs = cost.GroupCosts(fusion_plan, batch=1)
-        if slot_values:
+        if plan.settings.held:
             for call in costs.calls:
                 call.present_only = False
         total += costs.flops(range(len(group)))[0]
@@ -86,12 +86,10 @@ def computed_flops(plan: EnginePlan, slot_values: bool, members: list) -> float 
     return total
 
 
-def program_flops(
-    program: ModelPack, models: Sequence[keras.Model], settings_as_data: bool
-) -> float | None:
+def program_flops(program: ModelPack, models: Sequence[keras.Model]) -> float | None:
     """The FLOPs a sample a step of `program` (opened from `models`) computes; None when
     one of them does not fuse (no estimate). See `computed_flops`."""
-    return computed_flops(program.engine_plan, settings_as_data, list(models))
+    return computed_flops(program.engine_plan, list(models))
 
 
 def fuse_problem(model: keras.Model) -> str | None:

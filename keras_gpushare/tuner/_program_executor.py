@@ -398,7 +398,7 @@ class ProgramExecutor(Executor):
             dealt = dealt_arguments(self._fit_args, self._fit_kwargs, batch_size, len(models))
         pack = open_program(models, self.calls.fuse, kind.settings_as_data, dealt is not None)
         pack.compile(**compile_args(models, batch_hooks))
-        self.calls.ledger.compiled(pack, models, slot_values=kind.settings_as_data)
+        self.calls.ledger.compiled(pack, models)
         fused = kind.fuse_update and self._fuse_update(pack, runs)
         batch_key = repr(trial_batch_size(runs[0], self._fit_kwargs))
         slots: list[TrialRun | None] = [None] * len(models) if plan else list(runs)

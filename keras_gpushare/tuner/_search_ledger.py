@@ -43,10 +43,10 @@ class SearchLedger:
         self.probes += builds
         self.probe_seconds += seconds
 
-    def compiled(self, pack: ModelPack, members: list, slot_values: bool) -> None:
+    def compiled(self, pack: ModelPack, members: list) -> None:
         """A program (or a round's pack) was built for `members` and compiled."""
         self.programs += 1
-        self._packs[id(pack)] = program_flops(pack, members, slot_values)
+        self._packs[id(pack)] = program_flops(pack, members)
 
     def epoch(self, pack: ModelPack, trial_ids: Iterable[str]) -> None:
         """`pack` trains one epoch, its slots holding the executions of `trial_ids`."""
