@@ -51,11 +51,9 @@ def open_program(
     """
     # on_nan="ignore": a diverging trial trains on NaN as in plain `fit`, so KerasTuner's
     # scoring (best finite epoch, or INVALID) sees the same history.
-    options: dict = {"fuse": fuse, "on_nan": "ignore"}
+    options: dict = {"fuse": fuse, "on_nan": "ignore", "_slot_values": settings_as_data}
     if dealt:
         options.update(data="shard", _fused_shard=True)
-    if settings_as_data:
-        return ModelPack(list(models), _slot_values=True, **options)
     return ModelPack(list(models), **options)
 
 
